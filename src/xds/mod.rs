@@ -1,0 +1,19 @@
+//! The protocol core: no tokio, no tonic, no clock reads. Unit tests drive it directly.
+//!
+//! - [`resource`]: a cached resource, kept as the encoded bytes the upstream sent.
+//! - [`store`]: one group's resources per type, and what the upstream said does not exist.
+//! - [`interest`]: the refcounted union of downstream interest -> upstream subscribe/unsubscribe.
+//! - [`delta`]: the per-stream Delta state machine: requests and changes in, responses out.
+//! - [`group`]: one aggregation group's store, interest and subscriber index together.
+
+pub mod delta;
+pub mod group;
+pub mod interest;
+pub mod resource;
+pub mod store;
+
+pub use delta::{AckStatus, DeltaStream, ProtocolError, RequestEffects};
+pub use group::{GroupState, StreamId};
+pub use interest::{Interest, UpstreamChange, WILDCARD};
+pub use resource::{CachedResource, Name};
+pub use store::{ApplyError, ChangeSet, Lookup, Store};

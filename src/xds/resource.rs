@@ -1,0 +1,120 @@
+//! A cached resource: the encoded `envoy.service.discovery.v3.Resource` exactly as the upstream sent
+//! it, plus the few header fields the relay needs to route and version it.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use prost::Message;
+
+use crate::pb::wire::ResourceHeader;
+
+/// Resource names are shared by the store, every subscriber index and every pending set, so they are
+/// reference counted rather than copied per client.
+pub type Name = Arc<str>;
+
+/// One resource as received from the upstream. `encoded` is written to every subscriber verbatim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedResource {
+    pub name: Name,
+    pub version: String,
+    /// `type_url` of the embedded `Any`, empty for a body-less (heartbeat) resource.
+    pub body_type_url: String,
+    pub do_not_cache: bool,
+    pub encoded: Bytes,
+}
+
+/// Why a single upstream `Resource` cannot be accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResourceError {
+    #[error("resource is not a valid envoy.service.discovery.v3.Resource: {0}")]
+    Malformed(String),
+    #[error("resource has neither name nor resource_name")]
+    MissingName,
+    #[error("resource {0:?} sets both name and resource_name")]
+    NameAndResourceName(String),
+}
+
+impl CachedResource {
+    /// Parses the header of an encoded `Resource`. The bytes are kept as they are; callers must pass
+    /// bytes they own (not a slice of a receive buffer) since the cache may hold them for a long time.
+    pub fn decode(encoded: Bytes) -> Result<Self, ResourceError> {
+        let header = ResourceHeader::decode(encoded.clone())
+            .map_err(|e| ResourceError::Malformed(e.to_string()))?;
+        let name = match (&header.name[..], &header.resource_name) {
+            ("", None) => return Err(ResourceError::MissingName),
+            ("", Some(rn)) if rn.name.is_empty() => return Err(ResourceError::MissingName),
+            ("", Some(rn)) => rn.name.clone(),
+            (n, Some(_)) => return Err(ResourceError::NameAndResourceName(n.to_string())),
+            (n, None) => n.to_string(),
+        };
+        Ok(CachedResource {
+            name: name.into(),
+            version: header.version,
+            body_type_url: header.resource.map(|a| a.type_url).unwrap_or_default(),
+            do_not_cache: header.cache_control.is_some_and(|c| c.do_not_cache),
+            encoded,
+        })
+    }
+
+    /// A resource with no body is a TTL heartbeat (it only refreshes the resource's timer).
+    pub fn is_heartbeat(&self) -> bool {
+        self.body_type_url.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::discovery::{resource::CacheControl, Resource, ResourceName};
+
+    fn encode(r: &Resource) -> Bytes {
+        Bytes::from(r.encode_to_vec())
+    }
+
+    #[test]
+    fn decodes_header_and_keeps_bytes_verbatim() {
+        let r = Resource {
+            name: "c1".into(),
+            version: "v1".into(),
+            resource: Some(prost_types::Any {
+                type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+                value: vec![10, 2, b'c', b'1'],
+            }),
+            cache_control: Some(CacheControl { do_not_cache: true }),
+            aliases: vec!["alias".into()],
+            ..Default::default()
+        };
+        let bytes = encode(&r);
+        let cached = CachedResource::decode(bytes.clone()).unwrap();
+        assert_eq!(&*cached.name, "c1");
+        assert_eq!(cached.version, "v1");
+        assert!(cached.do_not_cache);
+        assert!(!cached.is_heartbeat());
+        assert_eq!(cached.encoded, bytes);
+        assert_eq!(Resource::decode(cached.encoded).unwrap(), r);
+    }
+
+    #[test]
+    fn rejects_missing_or_double_names() {
+        assert_eq!(
+            CachedResource::decode(encode(&Resource::default())),
+            Err(ResourceError::MissingName)
+        );
+        let both = Resource {
+            name: "a".into(),
+            resource_name: Some(ResourceName {
+                name: "a".into(),
+                dynamic_parameter_constraints: None,
+            }),
+            ..Default::default()
+        };
+        assert!(matches!(
+            CachedResource::decode(encode(&both)),
+            Err(ResourceError::NameAndResourceName(_))
+        ));
+        assert!(matches!(
+            CachedResource::decode(Bytes::from_static(&[0xff, 0xff])),
+            Err(ResourceError::Malformed(_))
+        ));
+    }
+}
