@@ -1,9 +1,70 @@
-//! adsrelay: a caching xDS relay.
+//! adsrelay: a caching xDS relay. Downstream it serves Delta ADS to many Envoys and gRPC clients;
+//! upstream it keeps one aggregated Delta ADS stream per group of clients, and a shared cache.
 //!
 //! # Layout
-//! - [`xds`]: the protocol core, free of I/O (store, interest, per-stream Delta state machine).
+//! - [`xds`]: the protocol core, free of I/O: resource store, refcounted interest, the per-stream
+//!   Delta state machine, and a group's subscriber index.
+//! - [`relay`]: runtime state (groups, their locks and mailboxes) and the downstream ADS service.
+//! - [`downstream`]: one task per client stream driving the core; bounded change mailboxes.
+//! - [`upstream`]: the per-group upstream Delta stream: connect, backoff, resubscribe, ACK/NACK.
+//! - [`admin`]: HTTP /healthz and /readyz.
+//! - [`config`]: flags and config file -> validated [`config::Config`].
+//! - [`demo`]: the embedded demo control plane, its example resources and backend.
 //! - [`pb`]: generated protobuf types (proto/ is the wire contract).
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod backoff;
+pub mod config;
+pub mod demo;
+pub mod downstream;
 pub mod pb;
+pub mod relay;
+pub mod sync;
+pub mod upstream;
 pub mod xds;
+
+use std::future::Future;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::config::Config;
+use crate::pb::relay_ads::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+use crate::relay::{AdsService, Relay};
+
+/// Runs the relay on already-bound listeners until `shutdown` completes. Tests bind `127.0.0.1:0`.
+pub async fn run(
+    config: Config,
+    xds: TcpListener,
+    admin: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let relay = Relay::new(config, stop_rx.clone());
+    tokio::spawn(upstream::probe(
+        relay.config.clone(),
+        relay.upstream_reached.clone(),
+        stop_rx.clone(),
+    ));
+    let mut admin_stop = stop_rx.clone();
+    tokio::spawn(admin::serve(relay.clone(), admin, async move {
+        let _ = admin_stop.changed().await;
+    }));
+    let max = relay.config.max_message_bytes;
+    let service = AggregatedDiscoveryServiceServer::new(AdsService {
+        relay: relay.clone(),
+    })
+    .max_decoding_message_size(max)
+    .max_encoding_message_size(max);
+    let result = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(xds), shutdown)
+        .await;
+    let _ = stop_tx.send(true);
+    result
+}

@@ -29,10 +29,17 @@ pub enum ProtocolError {
 pub enum AckStatus {
     /// The request carried no `response_nonce`: a pure subscription change.
     None,
-    Ack { nonce: String },
-    Nack { nonce: String, message: String },
+    Ack {
+        nonce: String,
+    },
+    Nack {
+        nonce: String,
+        message: String,
+    },
     /// A nonce that is not the latest one sent for this type (F6); subscription changes still apply.
-    Stale { nonce: String },
+    Stale {
+        nonce: String,
+    },
 }
 
 /// The effects of one request that reach beyond this stream: names to add to and remove from the
@@ -111,13 +118,21 @@ impl DeltaStream {
             .resource_names_subscribe
             .iter()
             .map(String::as_str)
-            .chain(req.resource_locators_subscribe.iter().map(|l| l.name.as_str()))
+            .chain(
+                req.resource_locators_subscribe
+                    .iter()
+                    .map(|l| l.name.as_str()),
+            )
             .collect();
         let unsubscribe: Vec<&str> = req
             .resource_names_unsubscribe
             .iter()
             .map(String::as_str)
-            .chain(req.resource_locators_unsubscribe.iter().map(|l| l.name.as_str()))
+            .chain(
+                req.resource_locators_unsubscribe
+                    .iter()
+                    .map(|l| l.name.as_str()),
+            )
             .collect();
 
         let mut effects = RequestEffects {
@@ -214,19 +229,11 @@ impl DeltaStream {
         }
     }
 
-    /// Marks names as changed without a change set (the adapter's coalesced notifications).
-    pub fn mark_pending(&mut self, type_url: &str, names: impl IntoIterator<Item = Name>) {
-        if let Some(ts) = self.types.get_mut(type_url) {
-            ts.pending.extend(names);
-        }
-    }
-
-    /// Marks every name of a type for evaluation (after a wildcard sync).
+    /// Marks every name of a type for evaluation: what it subscribes to and what it holds. Used when
+    /// too many changes piled up to track them one by one.
     pub fn mark_all_pending(&mut self, type_url: &str) {
         if let Some(ts) = self.types.get_mut(type_url) {
-            if ts.wildcard {
-                ts.pending_all = true;
-            }
+            ts.pending_all = true;
         }
     }
 
@@ -257,7 +264,10 @@ impl DeltaStream {
         let mut candidates = std::mem::take(&mut ts.pending);
         if ts.pending_all {
             ts.pending_all = false;
-            candidates.extend(store.resources(type_url).map(|r| r.name.clone()));
+            if ts.wildcard {
+                candidates.extend(store.resources(type_url).map(|r| r.name.clone()));
+            }
+            candidates.extend(ts.explicit.iter().cloned());
             candidates.extend(ts.known.keys().cloned());
         }
 

@@ -58,7 +58,11 @@ impl GroupState {
         }
     }
 
-    fn unindex(by_name: &mut HashMap<Name, HashSet<StreamId>>, name: &Name, stream: StreamId) -> bool {
+    fn unindex(
+        by_name: &mut HashMap<Name, HashSet<StreamId>>,
+        name: &Name,
+        stream: StreamId,
+    ) -> bool {
         let Some(streams) = by_name.get_mut(name) else {
             return false;
         };

@@ -129,7 +129,8 @@ impl Interest {
         for (type_url, ti) in self.types.iter_mut() {
             ti.subscribe.clear();
             ti.unsubscribe.clear();
-            let names: BTreeSet<Name> = ti.refs.keys().chain(ti.lingering.keys()).cloned().collect();
+            let names: BTreeSet<Name> =
+                ti.refs.keys().chain(ti.lingering.keys()).cloned().collect();
             if !names.is_empty() {
                 out.push((type_url.clone(), names.into_iter().collect()));
             }
@@ -142,6 +143,13 @@ impl Interest {
         self.types
             .get(type_url)
             .is_some_and(|t| t.refs.contains_key(name) || t.lingering.contains_key(name))
+    }
+
+    /// Whether anything of this type is subscribed upstream.
+    pub fn has_type(&self, type_url: &str) -> bool {
+        self.types
+            .get(type_url)
+            .is_some_and(|t| !t.refs.is_empty() || !t.lingering.is_empty())
     }
 
     pub fn is_wildcard(&self, type_url: &str) -> bool {
@@ -212,7 +220,10 @@ mod tests {
         assert!(i.take_changes().is_empty());
         i.release(T, &n("foo"), t0);
         assert!(i.expire(t0 + Duration::from_secs(4)).is_empty());
-        assert_eq!(i.expire(t0 + Duration::from_secs(5)), vec![(T.into(), n("foo"))]);
+        assert_eq!(
+            i.expire(t0 + Duration::from_secs(5)),
+            vec![(T.into(), n("foo"))]
+        );
         assert_eq!(i.take_changes()[0].unsubscribe, vec![n("foo")]);
     }
 

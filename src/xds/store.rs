@@ -48,10 +48,7 @@ impl ChangeSet {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApplyError {
     #[error("resource #{index}: {source}")]
-    BadResource {
-        index: usize,
-        source: ResourceError,
-    },
+    BadResource { index: usize, source: ResourceError },
     #[error("resource {name:?} has type {got:?}, response type_url is {want:?}")]
     TypeMismatch {
         name: String,
@@ -186,7 +183,11 @@ impl Store {
                 continue;
             }
             ts.absent.remove(&r.name);
-            if ts.resources.get(&r.name).is_some_and(|h| h.encoded == r.encoded) {
+            if ts
+                .resources
+                .get(&r.name)
+                .is_some_and(|h| h.encoded == r.encoded)
+            {
                 continue;
             }
             changes.names.push(r.name.clone());
@@ -251,12 +252,19 @@ mod tests {
         let mut s = Store::new();
         assert_eq!(s.lookup(T, "a"), Lookup::Unknown);
         let c = s
-            .apply_delta(T, vec![res("a", "1", b"x"), res("b", "1", b"y")], vec![], true)
+            .apply_delta(
+                T,
+                vec![res("a", "1", b"x"), res("b", "1", b"y")],
+                vec![],
+                true,
+            )
             .unwrap();
         assert_eq!(c.names.len(), 2);
         assert!(c.wildcard_synced_now);
         // Identical content is not a change.
-        let c = s.apply_delta(T, vec![res("a", "1", b"x")], vec![], true).unwrap();
+        let c = s
+            .apply_delta(T, vec![res("a", "1", b"x")], vec![], true)
+            .unwrap();
         assert!(c.is_empty());
         let c = s.apply_delta(T, vec![], vec!["b".into()], true).unwrap();
         assert_eq!(c.names, vec![Name::from("b")]);
@@ -267,8 +275,14 @@ mod tests {
     #[test]
     fn invalid_response_changes_nothing() {
         let mut s = Store::new();
-        s.apply_delta(T, vec![res("a", "1", b"x")], vec![], false).unwrap();
-        let dup = s.apply_delta(T, vec![res("a", "2", b"x"), res("a", "3", b"y")], vec![], false);
+        s.apply_delta(T, vec![res("a", "1", b"x")], vec![], false)
+            .unwrap();
+        let dup = s.apply_delta(
+            T,
+            vec![res("a", "2", b"x"), res("a", "3", b"y")],
+            vec![],
+            false,
+        );
         assert_eq!(dup, Err(ApplyError::DuplicateName("a".into())));
         let both = s.apply_delta(T, vec![res("a", "2", b"z")], vec!["a".into()], false);
         assert_eq!(both, Err(ApplyError::AddedAndRemoved("a".into())));
@@ -280,8 +294,13 @@ mod tests {
     #[test]
     fn initial_versions_only_for_wanted() {
         let mut s = Store::new();
-        s.apply_delta(T, vec![res("a", "1", b"x"), res("b", "2", b"y")], vec![], false)
-            .unwrap();
+        s.apply_delta(
+            T,
+            vec![res("a", "1", b"x"), res("b", "2", b"y")],
+            vec![],
+            false,
+        )
+        .unwrap();
         let v = s.initial_versions(T, |n| n == "b");
         assert_eq!(v, HashMap::from([("b".to_string(), "2".to_string())]));
     }

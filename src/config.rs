@@ -1,0 +1,393 @@
+//! Command line and config file -> validated [`Config`]. Every error names the flag or the file and
+//! field it came from. Flags override the file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+#[derive(Debug, Parser)]
+#[command(name = "adsrelay", version, about = "A caching xDS relay", long_about = None)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub relay: RelayArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a demo: an embedded control plane with example resources, a backend, and the relay in
+    /// front of them. Prints how to point an Envoy at it.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Default, Args)]
+pub struct RelayArgs {
+    /// Upstream xDS control plane, `host:port` or `http://host:port`. The relay keeps retrying
+    /// until it is reachable.
+    #[arg(long, value_name = "ADDR")]
+    pub upstream: Option<String>,
+    /// Address for downstream xDS clients (gRPC) [default: 0.0.0.0:18000]
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Address for the admin HTTP server (/healthz, /readyz) [default: 127.0.0.1:9902]
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<String>,
+    /// `node.id` the relay presents upstream; `node.cluster` is the aggregation group [default:
+    /// adsrelay]
+    #[arg(long, value_name = "ID")]
+    pub node_id: Option<String>,
+    /// How long the relay stays subscribed upstream after the last client left a resource, e.g.
+    /// `30s`, `500ms`, `0s` [default: 30s]
+    #[arg(long, value_name = "DURATION")]
+    pub unsubscribe_linger: Option<String>,
+    /// Largest xDS message accepted or sent, in bytes [default: 67108864]
+    #[arg(long, value_name = "BYTES")]
+    pub max_message_bytes: Option<usize>,
+    /// Log format [default: text]; the level comes from RUST_LOG (default `info`)
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// TOML config file; flags override its values
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Example resources (TOML), reloaded when edited; created from the built-in example if missing
+    #[arg(long, value_name = "FILE", default_value = "adsrelay-demo.toml")]
+    pub resources: PathBuf,
+    /// Relay xDS address (point Envoy here)
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:18000")]
+    pub listen: SocketAddr,
+    /// Relay admin address
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9902")]
+    pub admin: SocketAddr,
+    /// Embedded control plane address
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:18001")]
+    pub control_plane: SocketAddr,
+    /// Embedded HTTP backend address (the example cluster's endpoint)
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:18080")]
+    pub backend: SocketAddr,
+    /// Log format
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// The config file. Field names match the long flags (with underscores).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    upstream: Option<String>,
+    listen: Option<String>,
+    admin: Option<String>,
+    node_id: Option<String>,
+    unsubscribe_linger: Option<String>,
+    max_message_bytes: Option<usize>,
+    log_format: Option<LogFormat>,
+    upstream_backoff_initial: Option<String>,
+    upstream_backoff_max: Option<String>,
+}
+
+/// Validated relay configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub upstream: http::Uri,
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub node_id: String,
+    pub unsubscribe_linger: Duration,
+    pub max_message_bytes: usize,
+    pub log_format: LogFormat,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Config {
+    /// Defaults for everything but the upstream (used by the demo and tests).
+    pub fn with_upstream(upstream: http::Uri) -> Self {
+        Config {
+            upstream,
+            listen: ([0, 0, 0, 0], 18000).into(),
+            admin: ([127, 0, 0, 1], 9902).into(),
+            node_id: "adsrelay".into(),
+            unsubscribe_linger: Duration::from_secs(30),
+            max_message_bytes: 64 << 20,
+            log_format: LogFormat::Text,
+            backoff_initial: Duration::from_millis(250),
+            backoff_max: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{origin}: {field}: {message}")]
+    Invalid {
+        origin: String,
+        field: &'static str,
+        message: String,
+    },
+    #[error("{path}: cannot read config file: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+}
+
+/// Where a value came from, for error messages.
+struct Sourced<T> {
+    value: T,
+    origin: String,
+}
+
+fn pick<T>(flag: Option<T>, flag_name: &str, file: Option<T>, path: &str) -> Option<Sourced<T>> {
+    match (flag, file) {
+        (Some(value), _) => Some(Sourced {
+            value,
+            origin: format!("--{flag_name}"),
+        }),
+        (None, Some(value)) => Some(Sourced {
+            value,
+            origin: path.to_string(),
+        }),
+        (None, None) => None,
+    }
+}
+
+fn invalid(origin: &str, field: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        origin: origin.to_string(),
+        field,
+        message: message.into(),
+    }
+}
+
+impl RelayArgs {
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        let (file, path) = match &self.config {
+            Some(p) => (read_file(p)?, p.display().to_string()),
+            None => (FileConfig::default(), "config file".to_string()),
+        };
+        let upstream = pick(self.upstream, "upstream", file.upstream, &path).ok_or_else(|| {
+            invalid(
+                "command line",
+                "upstream",
+                "required: set --upstream or `upstream` in the config file",
+            )
+        })?;
+        let mut cfg = Config::with_upstream(
+            parse_upstream(&upstream.value)
+                .map_err(|m| invalid(&upstream.origin, "upstream", m))?,
+        );
+        if let Some(s) = pick(self.listen, "listen", file.listen, &path) {
+            cfg.listen = parse_addr(&s.value).map_err(|m| invalid(&s.origin, "listen", m))?;
+        }
+        if let Some(s) = pick(self.admin, "admin", file.admin, &path) {
+            cfg.admin = parse_addr(&s.value).map_err(|m| invalid(&s.origin, "admin", m))?;
+        }
+        if let Some(s) = pick(self.node_id, "node-id", file.node_id, &path) {
+            if s.value.trim().is_empty() {
+                return Err(invalid(&s.origin, "node_id", "must not be empty"));
+            }
+            cfg.node_id = s.value;
+        }
+        if let Some(s) = pick(
+            self.unsubscribe_linger,
+            "unsubscribe-linger",
+            file.unsubscribe_linger,
+            &path,
+        ) {
+            cfg.unsubscribe_linger = parse_duration(&s.value)
+                .map_err(|m| invalid(&s.origin, "unsubscribe_linger", m))?;
+        }
+        if let Some(s) = pick(
+            self.max_message_bytes,
+            "max-message-bytes",
+            file.max_message_bytes,
+            &path,
+        ) {
+            if s.value < 64 * 1024 {
+                return Err(invalid(
+                    &s.origin,
+                    "max_message_bytes",
+                    format!("{} is too small (minimum 65536)", s.value),
+                ));
+            }
+            cfg.max_message_bytes = s.value;
+        }
+        if let Some(s) = pick(self.log_format, "log-format", file.log_format, &path) {
+            cfg.log_format = s.value;
+        }
+        if let Some(v) = file.upstream_backoff_initial {
+            cfg.backoff_initial =
+                parse_duration(&v).map_err(|m| invalid(&path, "upstream_backoff_initial", m))?;
+        }
+        if let Some(v) = file.upstream_backoff_max {
+            cfg.backoff_max =
+                parse_duration(&v).map_err(|m| invalid(&path, "upstream_backoff_max", m))?;
+        }
+        if cfg.backoff_initial.is_zero() || cfg.backoff_max < cfg.backoff_initial {
+            return Err(invalid(
+                &path,
+                "upstream_backoff_max",
+                "backoff must satisfy 0 < upstream_backoff_initial <= upstream_backoff_max",
+            ));
+        }
+        Ok(cfg)
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// Accepts `host:port` or an `http://` / `https://` URI.
+pub fn parse_upstream(s: &str) -> Result<http::Uri, String> {
+    let with_scheme = if s.contains("://") {
+        s.to_string()
+    } else {
+        format!("http://{s}")
+    };
+    let uri: http::Uri = with_scheme
+        .parse()
+        .map_err(|e| format!("{s:?} is not host:port or a URI: {e}"))?;
+    match (uri.scheme_str(), uri.port_u16()) {
+        (Some("http") | Some("https"), Some(_)) if uri.host().is_some() => Ok(uri),
+        (Some(other), _) if other != "http" && other != "https" => {
+            Err(format!("{s:?}: scheme must be http or https"))
+        }
+        _ => Err(format!(
+            "{s:?} needs a host and a port, e.g. 10.0.0.5:18000"
+        )),
+    }
+}
+
+fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse()
+        .map_err(|_| format!("{s:?} is not an IP:port address, e.g. 0.0.0.0:18000"))
+}
+
+/// Parses `250ms`, `30s`, `5m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 500ms, 30s, 5m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    if !secs.is_finite() || secs < 0.0 || secs > 86400.0 * 365.0 {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(upstream: Option<&str>) -> RelayArgs {
+        RelayArgs {
+            upstream: upstream.map(String::from),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("3 weeks").is_err());
+    }
+
+    #[test]
+    fn upstream_forms() {
+        assert_eq!(
+            parse_upstream("127.0.0.1:18000").unwrap().port_u16(),
+            Some(18000)
+        );
+        assert!(parse_upstream("https://cp.example:443").is_ok());
+        assert!(parse_upstream("cp.example").is_err());
+        assert!(parse_upstream("ftp://cp:1").is_err());
+    }
+
+    #[test]
+    fn missing_upstream_names_the_field() {
+        let e = args(None).into_config().unwrap_err().to_string();
+        assert!(e.contains("upstream"), "{e}");
+    }
+
+    #[test]
+    fn flag_errors_name_the_flag() {
+        let mut a = args(Some("127.0.0.1:1"));
+        a.listen = Some("nonsense".into());
+        let e = a.into_config().unwrap_err().to_string();
+        assert!(e.starts_with("--listen: listen:"), "{e}");
+    }
+
+    #[test]
+    fn file_errors_name_file_and_field() {
+        let dir = std::env::temp_dir().join(format!("adsrelay-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("relay.toml");
+        std::fs::write(
+            &path,
+            "upstream = \"127.0.0.1:1\"\nunsubscribe_linger = \"soon\"\n",
+        )
+        .unwrap();
+        let mut a = args(None);
+        a.config = Some(path.clone());
+        let e = a.into_config().unwrap_err().to_string();
+        assert!(e.contains("relay.toml: unsubscribe_linger:"), "{e}");
+
+        std::fs::write(&path, "upstream = \"127.0.0.1:1\"\nlisten_port = 5\n").unwrap();
+        let mut a = args(None);
+        a.config = Some(path.clone());
+        let e = a.into_config().unwrap_err().to_string();
+        assert!(e.contains("relay.toml") && e.contains("listen_port"), "{e}");
+
+        // Flags override the file.
+        std::fs::write(
+            &path,
+            "upstream = \"127.0.0.1:1\"\nnode_id = \"from-file\"\n",
+        )
+        .unwrap();
+        let mut a = args(None);
+        a.config = Some(path);
+        a.node_id = Some("from-flag".into());
+        assert_eq!(a.into_config().unwrap().node_id, "from-flag");
+    }
+}

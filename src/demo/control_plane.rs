@@ -1,0 +1,158 @@
+//! The embedded demo control plane: a Delta ADS server whose store is the demo resource file. It
+//! follows the spec's server rules through the same state machine as the relay (authoritative
+//! store: unknown names do not exist, wildcards are always synced), and counts what it is asked so
+//! tests can see exactly what the relay sends upstream.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use dashmap::DashMap;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::downstream::{delta, DeltaHost, Mailbox};
+use crate::pb::core::Node;
+use crate::pb::discovery::DeltaDiscoveryRequest;
+use crate::pb::relay_ads::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use crate::sync::lock;
+use crate::xds::{CachedResource, Name, RequestEffects, Store, StreamId};
+
+/// What the control plane has seen, for tests and the demo's log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub streams_opened: u64,
+    pub active_streams: u64,
+    pub requests: u64,
+    /// (type_url, name) -> how many requests listed it in `resource_names_subscribe`.
+    pub subscribes: BTreeMap<(String, String), u64>,
+    /// (type_url, name) -> how many requests listed it in `resource_names_unsubscribe`.
+    pub unsubscribes: BTreeMap<(String, String), u64>,
+    /// The `node.id` / `node.cluster` of every stream opened, in order.
+    pub nodes: Vec<(String, String)>,
+}
+
+#[derive(Debug)]
+pub struct ControlPlane {
+    snapshot: watch::Sender<Arc<Store>>,
+    streams: DashMap<StreamId, Arc<Mailbox>>,
+    next_stream: AtomicU64,
+    stats: Mutex<Stats>,
+}
+
+impl ControlPlane {
+    pub fn new(resources: Vec<(String, CachedResource)>) -> Arc<Self> {
+        Arc::new(ControlPlane {
+            snapshot: watch::Sender::new(Arc::new(Store::complete(resources))),
+            streams: DashMap::new(),
+            next_stream: AtomicU64::new(1),
+            stats: Mutex::new(Stats::default()),
+        })
+    }
+
+    /// Replaces the whole resource set; every stream re-evaluates the affected types and receives
+    /// only what actually changed for it.
+    pub fn set_resources(&self, resources: Vec<(String, CachedResource)>) {
+        let new = Arc::new(Store::complete(resources));
+        let old = self.snapshot.send_replace(new.clone());
+        let mut types: Vec<String> = old
+            .type_urls()
+            .chain(new.type_urls())
+            .map(String::from)
+            .collect();
+        types.sort();
+        types.dedup();
+        for mailbox in self.streams.iter() {
+            for t in &types {
+                mailbox.post_all(t);
+            }
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        lock(&self.stats).clone()
+    }
+
+    /// Serves Delta ADS on `listener` until `shutdown` completes.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), tonic::transport::Error> {
+        tonic::transport::Server::builder()
+            .add_service(
+                AggregatedDiscoveryServiceServer::new(DemoAds(self))
+                    .max_decoding_message_size(64 << 20)
+                    .max_encoding_message_size(64 << 20),
+            )
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .await
+    }
+}
+
+impl DeltaHost for ControlPlane {
+    type Session = ();
+
+    fn open(&self, id: StreamId, node: &Node, mailbox: Arc<Mailbox>) -> Result<(), Status> {
+        self.streams.insert(id, mailbox);
+        let mut stats = lock(&self.stats);
+        stats.streams_opened += 1;
+        stats.active_streams += 1;
+        stats.nodes.push((node.id.clone(), node.cluster.clone()));
+        Ok(())
+    }
+
+    fn on_request(&self, _: &(), req: &DeltaDiscoveryRequest) {
+        let mut stats = lock(&self.stats);
+        stats.requests += 1;
+        for n in &req.resource_names_subscribe {
+            *stats
+                .subscribes
+                .entry((req.type_url.clone(), n.clone()))
+                .or_default() += 1;
+        }
+        for n in &req.resource_names_unsubscribe {
+            *stats
+                .unsubscribes
+                .entry((req.type_url.clone(), n.clone()))
+                .or_default() += 1;
+        }
+    }
+
+    fn on_effects(&self, _: &(), _: StreamId, _: &RequestEffects) {}
+
+    fn with_store<R>(&self, _: &(), f: impl FnOnce(&Store) -> R) -> R {
+        f(&self.snapshot.borrow())
+    }
+
+    fn close(&self, _: (), id: StreamId, _: Vec<(String, Name)>) {
+        self.streams.remove(&id);
+        lock(&self.stats).active_streams -= 1;
+    }
+
+    fn next_stream_id(&self) -> StreamId {
+        self.next_stream.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+struct DemoAds(Arc<ControlPlane>);
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for DemoAds {
+    type DeltaAggregatedResourcesStream = delta::ResponseStream;
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Ok(Response::new(delta::serve(
+            self.0.clone(),
+            request.into_inner(),
+        )))
+    }
+}
