@@ -321,6 +321,13 @@ fn a02_initial_wildcard_gets_empty_response() {
     }
     // Answered once; nothing more to say.
     client.none(&store);
+
+    // A reconnect whose initial_resource_versions are all current still gets its (empty) answer.
+    let store = synced_store(CDS, &[("c1", "1")]);
+    let mut client = Client::new();
+    client.send(req(CDS).irv(&[("c1", "1")]));
+    let r = client.one(&store);
+    assert!(r.resources.is_empty() && r.removed.is_empty(), "{r:?}");
 }
 
 #[test]
@@ -476,10 +483,10 @@ fn a08_phantom_unsubscribe_is_ignored() {
     assert!(effects.release.is_empty(), "{effects:?}");
     client.none(&store);
 
-    // Also on a type never seen before on the stream.
+    // Unsubscribing "*" without a wildcard is a phantom too.
     let effects = client
         .stream
-        .on_request(&req(RDS).unsub(&["r1"]).0)
+        .on_request(&req(EDS).unsub(&["*"]).0)
         .expect("a phantom unsubscribe is not an error");
     assert!(effects.release.is_empty(), "{effects:?}");
     client.none(&store);
@@ -526,6 +533,9 @@ fn a10_nonexistent_resource_is_removed_and_stays_subscribed() {
     let r = client.one(&store);
     assert!(r.resources.is_empty());
     assert_eq!(r.removed(), set(&["foo"]));
+    // Said once: a re-evaluation does not repeat the removal.
+    client.stream.mark_all_pending(EDS);
+    client.none(&store);
 
     // Still subscribed: when foo appears, it is sent.
     let changes = upstream(&mut store, EDS, &[("foo", "1")], &[], false);
@@ -1190,4 +1200,18 @@ fn d09_cold_store_is_not_authoritative_absence() {
         "a is unchanged: {out:?}"
     );
     client.none(&store);
+
+    // Explicit names: no removal until the upstream answers for that name.
+    let mut store = Store::new();
+    let mut client = Client::new();
+    client.send(req(EDS).sub(&["e1", "e2"]).irv(&[("e1", "1"), ("e2", "1")]));
+    client.none(&store);
+    let changes = upstream(&mut store, EDS, &[("e1", "1")], &[], false);
+    client.notify(&changes);
+    client.none(&store);
+    let changes = upstream(&mut store, EDS, &[], &["e2"], false);
+    client.notify(&changes);
+    let r = client.one(&store);
+    assert!(r.resources.is_empty(), "{r:?}");
+    assert_eq!(r.removed(), set(&["e2"]));
 }

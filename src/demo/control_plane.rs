@@ -33,6 +33,8 @@ pub struct Stats {
     pub subscribes: BTreeMap<(String, String), u64>,
     /// (type_url, name) -> how many requests listed it in `resource_names_unsubscribe`.
     pub unsubscribes: BTreeMap<(String, String), u64>,
+    /// (type_url, name) -> version, from `initial_resource_versions` of every request.
+    pub initial_versions: BTreeMap<(String, String), String>,
     /// The `node.id` / `node.cluster` of every stream opened, in order.
     pub nodes: Vec<(String, String)>,
 }
@@ -71,6 +73,13 @@ impl ControlPlane {
             for t in &types {
                 mailbox.post_all(t);
             }
+        }
+    }
+
+    /// Ends every open stream with UNAVAILABLE, as a control plane that goes down would.
+    pub fn disconnect_all(&self) {
+        for mailbox in self.streams.iter() {
+            mailbox.close(Status::unavailable("control plane shutting down"));
         }
     }
 
@@ -115,6 +124,11 @@ impl DeltaHost for ControlPlane {
                 .subscribes
                 .entry((req.type_url.clone(), n.clone()))
                 .or_default() += 1;
+        }
+        for (n, v) in &req.initial_resource_versions {
+            stats
+                .initial_versions
+                .insert((req.type_url.clone(), n.clone()), v.clone());
         }
         for n in &req.resource_names_unsubscribe {
             *stats

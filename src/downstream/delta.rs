@@ -102,11 +102,11 @@ async fn drive<H: DeltaHost>(host: Arc<H>, mut inbound: Streaming<DeltaDiscovery
                     }
                 },
                 () = mailbox.notified() => {
-                    dirty |= mailbox.drain_into(&mut core);
+                    dirty |= mailbox.drain_into(&mut core)?;
                 }
                 permit = tx.reserve(), if dirty => {
                     let Ok(permit) = permit else { return Ok(()) };
-                    mailbox.drain_into(&mut core);
+                    mailbox.drain_into(&mut core)?;
                     match host.with_store(&session, |store| core.next_response(store)) {
                         Some(resp) => {
                             debug!(type_url = %resp.type_url, nonce = %resp.nonce,

@@ -17,6 +17,8 @@ const MAX_QUEUED_CHANGE_SETS: usize = 64;
 struct Inbox {
     changes: Vec<Arc<ChangeSet>>,
     all: HashSet<String>,
+    /// The owner wants the stream ended with this status.
+    close: Option<tonic::Status>,
 }
 
 #[derive(Debug, Default)]
@@ -48,13 +50,23 @@ impl Mailbox {
         self.notify.notify_one();
     }
 
+    /// Asks the stream to end with `status` (e.g. the control plane going away).
+    pub fn close(&self, status: tonic::Status) {
+        lock(&self.inbox).close = Some(status);
+        self.notify.notify_one();
+    }
+
     pub async fn notified(&self) {
         self.notify.notified().await
     }
 
-    /// Moves the pending notifications into the stream's state; returns whether there were any.
-    pub fn drain_into(&self, stream: &mut DeltaStream) -> bool {
+    /// Moves the pending notifications into the stream's state; returns whether there were any,
+    /// or the status to end the stream with.
+    pub fn drain_into(&self, stream: &mut DeltaStream) -> Result<bool, tonic::Status> {
         let inbox = std::mem::take(&mut *lock(&self.inbox));
+        if let Some(status) = inbox.close {
+            return Err(status);
+        }
         let any = !inbox.changes.is_empty() || !inbox.all.is_empty();
         for c in &inbox.changes {
             stream.on_change(c);
@@ -62,7 +74,7 @@ impl Mailbox {
         for t in &inbox.all {
             stream.mark_all_pending(t);
         }
-        any
+        Ok(any)
     }
 }
 
