@@ -369,17 +369,17 @@ fn a03_legacy_wildcard_survives_explicit_subscribe() {
 
 #[test]
 fn a04_unsubscribing_wildcard_keeps_named_interest() {
-    let mut store = synced_store(CDS, &[("A", "1"), ("B", "1")]);
+    let mut store = synced_store(CDS, &[("A", "1"), ("B", "1"), ("U", "1")]);
     let mut client = Client::new();
     client.send(req(CDS).sub(&["*", "A"]));
     let r = client.one(&store);
-    assert_eq!(r.names(), set(&["A", "B"]));
+    assert_eq!(r.names(), set(&["A", "B", "U"]));
 
     let effects = client.send(req(CDS).ack(&r.nonce).unsub(&["*"]));
     assert_eq!(strs(&effects.release), vec![WILDCARD]);
-    // No removal is required for the wildcard-only "B", and nothing is resent.
+    // No removal is required for the wildcard-only "B" and "U", and nothing is resent.
     for r in client.drain(&store) {
-        assert!(!r.resources.iter().any(|(n, _)| n == "B"), "{r:?}");
+        assert!(r.resources.is_empty(), "{r:?}");
     }
 
     // Wildcard-only resources no longer flow; the named one does.
@@ -390,6 +390,19 @@ fn a04_unsubscribing_wildcard_keeps_named_interest() {
     client.notify(&changes);
     let r = client.one(&store);
     assert_eq!(r.versions(), map(&[("A", "2")]));
+
+    // The client dropped the wildcard-only resources: subscribing "*" again sends them all.
+    client.send(req(CDS).ack(&r.nonce).sub(&["*"]));
+    let r = client.one(&store);
+    assert!(r.removed.is_empty(), "{r:?}");
+    let versions = r.versions();
+    assert_eq!(versions.get("B"), Some(&"2"), "{r:?}");
+    assert_eq!(versions.get("C"), Some(&"1"), "{r:?}");
+    assert_eq!(
+        versions.get("U"),
+        Some(&"1"),
+        "unchanged but dropped by the client: {r:?}"
+    );
 }
 
 #[test]

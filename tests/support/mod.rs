@@ -3,6 +3,8 @@
 //! the full `envoy.service.discovery.v3` types, not the relay's shadow messages).
 #![allow(dead_code)]
 
+pub mod envoy;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
