@@ -306,7 +306,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => n * 3600.0,
         _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 86400.0 * 365.0 {
+    if !secs.is_finite() || !(0.0..=86400.0 * 365.0).contains(&secs) {
         return Err(format!("{s:?} is out of range"));
     }
     Ok(Duration::from_secs_f64(secs))

