@@ -5,6 +5,13 @@
 //! are EDS clusters whose `ClusterLoadAssignment` (named after the cluster) is built from the
 //! cluster's `endpoints`. Versions are content-derived, so they are stable across restarts and change
 //! exactly when a resource's content changes.
+//!
+//! A listener with `api_listener = true` is for gRPC's xDS client (gRFC A27) instead of Envoy: its
+//! name is the `xds:///` target (e.g. `"greeter.example:50051"`), it has no address, and its
+//! `HttpConnectionManager` sits in `api_listener` rather than in a filter chain. The rest of the
+//! chain already suits gRPC: RDS and EDS over ADS, `ROUND_ROBIN` clusters, and localities with a
+//! non-zero weight (gRPC ignores a locality without one). gRPC picks the virtual host whose
+//! `domains` match the target (`"greeter.example:50051"`, or `"*"`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -14,13 +21,15 @@ use bytes::Bytes;
 use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
 use envoy_types::pb::envoy::config::core::v3::{
     address, config_source, header_value_option::HeaderAppendAction, socket_address, Address,
-    AggregatedConfigSource, ApiVersion, ConfigSource, HeaderValue, HeaderValueOption,
+    AggregatedConfigSource, ApiVersion, ConfigSource, HeaderValue, HeaderValueOption, Locality,
     SocketAddress,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
-use envoy_types::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, Listener};
+use envoy_types::pb::envoy::config::listener::v3::{
+    filter, ApiListener, Filter, FilterChain, Listener,
+};
 use envoy_types::pb::envoy::config::route::v3::{
     route, route_action, route_match, Route, RouteAction, RouteConfiguration, RouteMatch,
     VirtualHost,
@@ -29,7 +38,7 @@ use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager, http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
-use envoy_types::pb::google::protobuf::{Any, Duration};
+use envoy_types::pb::google::protobuf::{Any, Duration, UInt32Value};
 use prost::{Message, Name};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -83,9 +92,13 @@ struct ResourceFile {
 #[serde(deny_unknown_fields)]
 struct ListenerSpec {
     name: String,
-    #[serde(default = "default_address")]
-    address: String,
-    port: u16,
+    /// A gRPC client listener (Listener.api_listener): no address or port, which must be absent.
+    #[serde(default)]
+    api_listener: bool,
+    /// IP to bind; [`DEFAULT_ADDRESS`] when absent. Only for socket listeners.
+    address: Option<String>,
+    /// Required for socket listeners, absent for API listeners.
+    port: Option<u16>,
     route_config: String,
 }
 
@@ -112,9 +125,7 @@ struct ClusterSpec {
     endpoints: Vec<String>,
 }
 
-fn default_address() -> String {
-    "127.0.0.1".into()
-}
+const DEFAULT_ADDRESS: &str = "127.0.0.1";
 
 fn default_domains() -> Vec<String> {
     vec!["*".into()]
@@ -205,14 +216,35 @@ fn validate(file: &ResourceFile) -> Result<Vec<Vec<SocketAddr>>, (String, String
     )?;
 
     for (i, l) in file.listeners.iter().enumerate() {
-        if l.address.parse::<IpAddr>().is_err() {
-            return Err((
-                format!("listeners[{i}].address"),
-                format!("{:?} is not an IP address", l.address),
-            ));
-        }
-        if l.port == 0 {
-            return Err((format!("listeners[{i}].port"), "must not be 0".into()));
+        if l.api_listener {
+            let unused = [("address", l.address.is_some()), ("port", l.port.is_some())];
+            if let Some((field, _)) = unused.iter().find(|(_, set)| *set) {
+                return Err((
+                    format!("listeners[{i}].{field}"),
+                    "must not be set when api_listener = true (a gRPC client listener binds \
+                     nothing)"
+                        .into(),
+                ));
+            }
+        } else {
+            if let Some(a) = &l.address {
+                if a.parse::<IpAddr>().is_err() {
+                    return Err((
+                        format!("listeners[{i}].address"),
+                        format!("{a:?} is not an IP address"),
+                    ));
+                }
+            }
+            match l.port {
+                None => {
+                    return Err((
+                        format!("listeners[{i}].port"),
+                        "required (unless api_listener = true)".into(),
+                    ))
+                }
+                Some(0) => return Err((format!("listeners[{i}].port"), "must not be 0".into())),
+                Some(_) => {}
+            }
         }
         if !routes.contains(l.route_config.as_str()) {
             return Err((
@@ -344,9 +376,19 @@ fn listener(l: &ListenerSpec) -> Listener {
         }],
         ..Default::default()
     };
+    if l.api_listener {
+        return Listener {
+            name: l.name.clone(),
+            api_listener: Some(ApiListener {
+                api_listener: Some(any(&hcm)),
+            }),
+            ..Default::default()
+        };
+    }
+    let ip = l.address.as_deref().unwrap_or(DEFAULT_ADDRESS);
     Listener {
         name: l.name.clone(),
-        address: Some(socket_address(&l.address, l.port)),
+        address: Some(socket_address(ip, l.port.unwrap_or_default())),
         filter_chains: vec![FilterChain {
             filters: vec![Filter {
                 name: HCM_FILTER.into(),
@@ -404,6 +446,8 @@ fn eds_cluster(c: &ClusterSpec) -> Cluster {
         cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
             cluster::DiscoveryType::Eds as i32,
         )),
+        // What gRPC requires (A27); also Envoy's default.
+        lb_policy: cluster::LbPolicy::RoundRobin as i32,
         eds_cluster_config: Some(cluster::EdsClusterConfig {
             eds_config: Some(ads()),
             ..Default::default()
@@ -420,6 +464,10 @@ fn load_assignment(cluster_name: &str, addrs: &[SocketAddr]) -> ClusterLoadAssig
     ClusterLoadAssignment {
         cluster_name: cluster_name.to_string(),
         endpoints: vec![LocalityLbEndpoints {
+            // gRPC skips a locality without a weight (A27); Envoy ignores it unless locality
+            // weighted load balancing is configured.
+            locality: Some(Locality::default()),
+            load_balancing_weight: Some(UInt32Value { value: 1 }),
             lb_endpoints: addrs
                 .iter()
                 .map(|a| LbEndpoint {

@@ -99,9 +99,10 @@ impl GroupState {
         removed: Vec<String>,
     ) -> Result<ChangeSet, ApplyError> {
         let wildcard = self.interest.is_wildcard(type_url);
-        let mut changes = self
-            .store
-            .apply_delta(type_url, resources, removed, wildcard)?;
+        let wildcard_answered = wildcard && self.interest.wildcard_sent(type_url);
+        let mut changes =
+            self.store
+                .apply_delta(type_url, resources, removed, wildcard_answered)?;
         if !wildcard {
             let interest = &self.interest;
             let store = &mut self.store;

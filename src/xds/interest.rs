@@ -17,6 +17,9 @@ struct TypeInterest {
     /// Changes not yet sent upstream.
     subscribe: BTreeSet<Name>,
     unsubscribe: BTreeSet<Name>,
+    /// `"*"` has been sent upstream (on the current stream): only responses after that can count
+    /// as the wildcard's answer (D9).
+    wildcard_sent: bool,
 }
 
 /// Subscription changes for one type, ready to become a `DeltaDiscoveryRequest`.
@@ -114,10 +117,18 @@ impl Interest {
         self.types
             .iter_mut()
             .filter(|(_, t)| !t.subscribe.is_empty() || !t.unsubscribe.is_empty())
-            .map(|(type_url, t)| UpstreamChange {
-                type_url: type_url.clone(),
-                subscribe: std::mem::take(&mut t.subscribe).into_iter().collect(),
-                unsubscribe: std::mem::take(&mut t.unsubscribe).into_iter().collect(),
+            .map(|(type_url, t)| {
+                if t.subscribe.contains(WILDCARD) {
+                    t.wildcard_sent = true;
+                }
+                if t.unsubscribe.contains(WILDCARD) {
+                    t.wildcard_sent = false;
+                }
+                UpstreamChange {
+                    type_url: type_url.clone(),
+                    subscribe: std::mem::take(&mut t.subscribe).into_iter().collect(),
+                    unsubscribe: std::mem::take(&mut t.unsubscribe).into_iter().collect(),
+                }
             })
             .collect()
     }
@@ -131,6 +142,7 @@ impl Interest {
             ti.unsubscribe.clear();
             let names: BTreeSet<Name> =
                 ti.refs.keys().chain(ti.lingering.keys()).cloned().collect();
+            ti.wildcard_sent = names.contains(WILDCARD);
             if !names.is_empty() {
                 out.push((type_url.clone(), names.into_iter().collect()));
             }
@@ -150,6 +162,11 @@ impl Interest {
         self.types
             .get(type_url)
             .is_some_and(|t| !t.refs.is_empty() || !t.lingering.is_empty())
+    }
+
+    /// Whether `"*"` has gone out upstream, so a response now may be the wildcard's answer.
+    pub fn wildcard_sent(&self, type_url: &str) -> bool {
+        self.types.get(type_url).is_some_and(|t| t.wildcard_sent)
     }
 
     pub fn is_wildcard(&self, type_url: &str) -> bool {

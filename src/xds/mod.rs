@@ -6,6 +6,7 @@
 //! - [`delta`]: the per-stream Delta state machine: requests and changes in, responses out.
 //! - [`group`]: one aggregation group's store, interest and subscriber index together.
 
+pub mod constraints;
 pub mod delta;
 pub mod group;
 pub mod interest;

@@ -1,7 +1,7 @@
 //! A cached resource: the encoded `envoy.service.discovery.v3.Resource` exactly as the upstream sent
 //! it, plus the few header fields the relay needs to route and version it.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use prost::Message;
@@ -13,15 +13,30 @@ use crate::pb::wire::ResourceHeader;
 pub type Name = Arc<str>;
 
 /// One resource as received from the upstream. `encoded` is written to every subscriber verbatim.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct CachedResource {
     pub name: Name,
     pub version: String,
     /// `type_url` of the embedded `Any`, empty for a body-less (heartbeat) resource.
     pub body_type_url: String,
     pub do_not_cache: bool,
+    /// The whole `Resource` message, as sent by the upstream (what Delta clients receive).
     pub encoded: Bytes,
+    /// The embedded `google.protobuf.Any`, a zero-copy slice of `encoded` (what SotW clients
+    /// receive).
+    pub any: Bytes,
+    /// `encoded` wrapped in an `Any` of type `Resource`, for SotW clients that accept wrappers;
+    /// built on first use, then shared.
+    wrapped: OnceLock<Bytes>,
 }
+
+impl PartialEq for CachedResource {
+    fn eq(&self, other: &Self) -> bool {
+        self.encoded == other.encoded
+    }
+}
+
+pub const RESOURCE_TYPE_URL: &str = "type.googleapis.com/envoy.service.discovery.v3.Resource";
 
 /// Why a single upstream `Resource` cannot be accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,12 +62,29 @@ impl CachedResource {
             (n, Some(_)) => return Err(ResourceError::NameAndResourceName(n.to_string())),
             (n, None) => n.to_string(),
         };
+        let any = field_slice(&encoded, 2).unwrap_or_default();
         Ok(CachedResource {
             name: name.into(),
             version: header.version,
             body_type_url: header.resource.map(|a| a.type_url).unwrap_or_default(),
             do_not_cache: header.cache_control.is_some_and(|c| c.do_not_cache),
             encoded,
+            any,
+            wrapped: OnceLock::new(),
+        })
+    }
+
+    /// This resource as an `Any` wrapping the whole `Resource` (SotW with
+    /// `xds.config.resource-in-sotw`).
+    pub fn wrapped(&self) -> &Bytes {
+        self.wrapped.get_or_init(|| {
+            Bytes::from(
+                prost_types::Any {
+                    type_url: RESOURCE_TYPE_URL.into(),
+                    value: self.encoded.to_vec(),
+                }
+                .encode_to_vec(),
+            )
         })
     }
 
@@ -60,6 +92,35 @@ impl CachedResource {
     pub fn is_heartbeat(&self) -> bool {
         self.body_type_url.is_empty()
     }
+}
+
+/// The bytes of the last occurrence of length-delimited top-level `field` in an encoded message,
+/// as a zero-copy slice. `None` if absent or if the message does not parse.
+fn field_slice(msg: &Bytes, field: u32) -> Option<Bytes> {
+    use prost::encoding::{decode_key, decode_varint, WireType};
+    let mut buf: &[u8] = msg;
+    let mut found = None;
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf).ok()?;
+        match wire_type {
+            WireType::Varint => {
+                decode_varint(&mut buf).ok()?;
+            }
+            WireType::SixtyFourBit => buf = buf.get(8..)?,
+            WireType::ThirtyTwoBit => buf = buf.get(4..)?,
+            WireType::LengthDelimited => {
+                let len = usize::try_from(decode_varint(&mut buf).ok()?).ok()?;
+                let start = msg.len() - buf.len();
+                let body = buf.get(..len)?;
+                if tag == field {
+                    found = Some(msg.slice(start..start + body.len()));
+                }
+                buf = &buf[len..];
+            }
+            WireType::StartGroup | WireType::EndGroup => return None,
+        }
+    }
+    found
 }
 
 #[cfg(test)]
@@ -91,6 +152,13 @@ mod tests {
         assert!(cached.do_not_cache);
         assert!(!cached.is_heartbeat());
         assert_eq!(cached.encoded, bytes);
+        assert_eq!(
+            prost_types::Any::decode(cached.any.clone()).unwrap(),
+            r.resource.clone().unwrap()
+        );
+        let wrapped = prost_types::Any::decode(cached.wrapped().clone()).unwrap();
+        assert_eq!(wrapped.type_url, RESOURCE_TYPE_URL);
+        assert_eq!(Resource::decode(&wrapped.value[..]).unwrap(), r);
         assert_eq!(Resource::decode(cached.encoded).unwrap(), r);
     }
 

@@ -145,7 +145,7 @@ impl Store {
     ) -> Result<ChangeSet, ApplyError> {
         let mut parsed = Vec::with_capacity(resources.len());
         let mut seen = HashSet::with_capacity(resources.len());
-        let ts = self.types.entry(type_url.to_string()).or_default();
+        let held = self.types.get(type_url);
         for (index, bytes) in resources.into_iter().enumerate() {
             let r = CachedResource::decode(bytes)
                 .map_err(|source| ApplyError::BadResource { index, source })?;
@@ -153,8 +153,10 @@ impl Store {
                 return Err(ApplyError::DuplicateName(r.name.to_string()));
             }
             if r.is_heartbeat() {
-                let held = ts.resources.get(&r.name).map(|h| h.version.as_str());
-                if held != Some(r.version.as_str()) {
+                let held_version = held
+                    .and_then(|t| t.resources.get(&r.name))
+                    .map(|h| h.version.as_str());
+                if held_version != Some(r.version.as_str()) {
                     return Err(ApplyError::HeartbeatVersionMismatch {
                         name: r.name.to_string(),
                         got: r.version,
@@ -173,6 +175,8 @@ impl Store {
             return Err(ApplyError::AddedAndRemoved(both.clone()));
         }
 
+        // Validated: from here on the response is applied in full.
+        let ts = self.types.entry(type_url.to_string()).or_default();
         let mut changes = ChangeSet {
             type_url: type_url.to_string(),
             ..ChangeSet::default()
