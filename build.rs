@@ -3,6 +3,79 @@
 //! - a hand-declared "relay" ADS service whose responses are the shadow messages of
 //!   proto/adsrelay/wire.proto, so encoded resources pass through the relay verbatim.
 
+/// (package, service, state-of-the-world rpc, Delta rpc), as in envoy's api/envoy/service/.
+const PER_TYPE: &[(&str, &str, Option<&str>, &str)] = &[
+    (
+        "envoy.service.cluster.v3",
+        "ClusterDiscoveryService",
+        Some("StreamClusters"),
+        "DeltaClusters",
+    ),
+    (
+        "envoy.service.listener.v3",
+        "ListenerDiscoveryService",
+        Some("StreamListeners"),
+        "DeltaListeners",
+    ),
+    (
+        "envoy.service.route.v3",
+        "RouteDiscoveryService",
+        Some("StreamRoutes"),
+        "DeltaRoutes",
+    ),
+    (
+        "envoy.service.route.v3",
+        "ScopedRoutesDiscoveryService",
+        Some("StreamScopedRoutes"),
+        "DeltaScopedRoutes",
+    ),
+    (
+        "envoy.service.route.v3",
+        "VirtualHostDiscoveryService",
+        None,
+        "DeltaVirtualHosts",
+    ),
+    (
+        "envoy.service.endpoint.v3",
+        "EndpointDiscoveryService",
+        Some("StreamEndpoints"),
+        "DeltaEndpoints",
+    ),
+    (
+        "envoy.service.secret.v3",
+        "SecretDiscoveryService",
+        Some("StreamSecrets"),
+        "DeltaSecrets",
+    ),
+    (
+        "envoy.service.runtime.v3",
+        "RuntimeDiscoveryService",
+        Some("StreamRuntime"),
+        "DeltaRuntime",
+    ),
+    (
+        "envoy.service.extension.v3",
+        "ExtensionConfigDiscoveryService",
+        Some("StreamExtensionConfigs"),
+        "DeltaExtensionConfigs",
+    ),
+];
+
+fn snake(rpc: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in rpc.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(
@@ -27,18 +100,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .server_streaming()
             .build()
     };
-    let relay_ads = tonic_build::manual::Service::builder()
-        .name("AggregatedDiscoveryService")
-        .package("envoy.service.discovery.v3")
-        .method(method(
-            "delta_aggregated_resources",
-            "DeltaAggregatedResources",
+    let delta = |name: &str, route: &str| {
+        method(
+            name,
+            route,
             "crate::pb::discovery::DeltaDiscoveryRequest",
             "crate::pb::wire::DeltaDiscoveryResponse",
+        )
+    };
+    let sotw = |name: &str, route: &str| {
+        method(
+            name,
+            route,
+            "crate::pb::discovery::DiscoveryRequest",
+            "crate::pb::wire::DiscoveryResponse",
+        )
+    };
+    let mut services = vec![tonic_build::manual::Service::builder()
+        .name("AggregatedDiscoveryService")
+        .package("envoy.service.discovery.v3")
+        .method(sotw(
+            "stream_aggregated_resources",
+            "StreamAggregatedResources",
         ))
-        .build();
+        .method(delta(
+            "delta_aggregated_resources",
+            "DeltaAggregatedResources",
+        ))
+        .build()];
+    // The per-type services Envoy can use instead of ADS: (package, service, SotW rpc, Delta rpc).
+    for (package, service, stream_rpc, delta_rpc) in PER_TYPE {
+        let mut b = tonic_build::manual::Service::builder()
+            .name(service)
+            .package(package);
+        if let Some(rpc) = stream_rpc {
+            b = b.method(sotw(&snake(rpc), rpc));
+        }
+        b = b.method(delta(&snake(delta_rpc), delta_rpc));
+        services.push(b.build());
+    }
     tonic_build::manual::Builder::new()
         .out_dir(std::env::var("OUT_DIR")?)
-        .compile(&[relay_ads]);
+        .compile(&services);
     Ok(())
 }

@@ -31,8 +31,7 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::config::Config;
-use crate::pb::relay_ads::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
-use crate::relay::{AdsService, Relay};
+use crate::relay::Relay;
 
 /// Runs the relay on already-bound listeners until `shutdown` completes. Tests bind `127.0.0.1:0`.
 pub async fn run(
@@ -52,19 +51,14 @@ pub async fn run(
     tokio::spawn(admin::serve(relay.clone(), admin, async move {
         let _ = admin_stop.changed().await;
     }));
-    let max = relay.config.max_message_bytes;
-    let service = AggregatedDiscoveryServiceServer::new(AdsService {
-        relay: relay.clone(),
-    })
-    .max_decoding_message_size(max)
-    .max_encoding_message_size(max);
-    let result = tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
-        .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(xds), shutdown)
-        .await;
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)));
+    let result =
+        downstream::services::add_all(&mut server, relay.clone(), relay.config.max_message_bytes)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(xds), shutdown)
+            .await;
     let _ = stop_tx.send(true);
     result
 }

@@ -44,3 +44,45 @@ pub use adsrelay::wire;
 pub use envoy::config::core::v3 as core;
 pub use envoy::service::discovery::v3 as discovery;
 pub use google::rpc;
+
+/// The per-type discovery services (CDS, LDS, RDS, SRDS, VHDS, EDS, SDS, RTDS, ECDS), generated
+/// over the same request and shadow response messages as the relay's ADS service.
+pub mod per_type {
+    macro_rules! include_service {
+        ($module:ident, $file:literal) => {
+            pub mod $module {
+                include!(concat!(env!("OUT_DIR"), "/", $file));
+            }
+        };
+    }
+    include_service!(
+        cluster,
+        "envoy.service.cluster.v3.ClusterDiscoveryService.rs"
+    );
+    include_service!(
+        listener,
+        "envoy.service.listener.v3.ListenerDiscoveryService.rs"
+    );
+    include_service!(route, "envoy.service.route.v3.RouteDiscoveryService.rs");
+    include_service!(
+        scoped_routes,
+        "envoy.service.route.v3.ScopedRoutesDiscoveryService.rs"
+    );
+    include_service!(
+        virtual_host,
+        "envoy.service.route.v3.VirtualHostDiscoveryService.rs"
+    );
+    include_service!(
+        endpoint,
+        "envoy.service.endpoint.v3.EndpointDiscoveryService.rs"
+    );
+    include_service!(secret, "envoy.service.secret.v3.SecretDiscoveryService.rs");
+    include_service!(
+        runtime,
+        "envoy.service.runtime.v3.RuntimeDiscoveryService.rs"
+    );
+    include_service!(
+        extension,
+        "envoy.service.extension.v3.ExtensionConfigDiscoveryService.rs"
+    );
+}

@@ -7,13 +7,11 @@ use std::time::{Instant, SystemTime};
 
 use dashmap::DashMap;
 use tokio::sync::{watch, Notify};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
 
 use crate::config::Config;
-use crate::downstream::{delta, DeltaHost, Mailbox};
+use crate::downstream::{Mailbox, StreamHost};
 use crate::pb::core::Node;
-use crate::pb::discovery::DeltaDiscoveryRequest;
-use crate::pb::relay_ads::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use crate::sync::lock;
 use crate::xds::{ChangeSet, GroupState, Name, RequestEffects, Store, StreamId};
 
@@ -109,7 +107,7 @@ impl Relay {
     }
 }
 
-impl DeltaHost for Relay {
+impl StreamHost for Relay {
     type Session = Arc<Group>;
 
     fn open(&self, id: StreamId, node: &Node, mailbox: Arc<Mailbox>) -> Result<Arc<Group>, Status> {
@@ -135,26 +133,5 @@ impl DeltaHost for Relay {
 
     fn next_stream_id(&self) -> StreamId {
         self.next_stream.fetch_add(1, Ordering::Relaxed)
-    }
-}
-
-/// The downstream ADS service.
-#[derive(Debug, Clone)]
-pub struct AdsService {
-    pub relay: Arc<Relay>,
-}
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for AdsService {
-    type DeltaAggregatedResourcesStream = delta::ResponseStream;
-
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Ok(Response::new(delta::serve(
-            self.relay.clone(),
-            request.into_inner(),
-        )))
     }
 }

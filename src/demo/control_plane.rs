@@ -12,16 +12,12 @@ use dashmap::DashMap;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
 
-use crate::downstream::{delta, DeltaHost, Mailbox};
+use crate::downstream::{Mailbox, StreamHost};
 use crate::pb::core::Node;
-use crate::pb::discovery::DeltaDiscoveryRequest;
-use crate::pb::relay_ads::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
 use crate::sync::lock;
-use crate::xds::{CachedResource, Name, RequestEffects, Store, StreamId};
+use crate::xds::{CachedResource, Name, RequestEffects, Store, StreamId, XdsRequest};
 
 /// What the control plane has seen, for tests and the demo's log.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -93,18 +89,14 @@ impl ControlPlane {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), tonic::transport::Error> {
-        tonic::transport::Server::builder()
-            .add_service(
-                AggregatedDiscoveryServiceServer::new(DemoAds(self))
-                    .max_decoding_message_size(64 << 20)
-                    .max_encoding_message_size(64 << 20),
-            )
+        let mut server = tonic::transport::Server::builder();
+        crate::downstream::services::add_all(&mut server, self, 64 << 20)
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
             .await
     }
 }
 
-impl DeltaHost for ControlPlane {
+impl StreamHost for ControlPlane {
     type Session = ();
 
     fn open(&self, id: StreamId, node: &Node, mailbox: Arc<Mailbox>) -> Result<(), Status> {
@@ -116,9 +108,11 @@ impl DeltaHost for ControlPlane {
         Ok(())
     }
 
-    fn on_request(&self, _: &(), req: &DeltaDiscoveryRequest) {
+    fn on_request<R: XdsRequest + prost::Message>(&self, _: &(), req: &R) {
         let mut stats = lock(&self.stats);
         stats.requests += 1;
+        // Only Delta requests (the relay's upstream protocol) are broken down by name.
+        let Some(req) = req.as_delta() else { return };
         for n in &req.resource_names_subscribe {
             *stats
                 .subscribes
@@ -151,22 +145,5 @@ impl DeltaHost for ControlPlane {
 
     fn next_stream_id(&self) -> StreamId {
         self.next_stream.fetch_add(1, Ordering::Relaxed)
-    }
-}
-
-struct DemoAds(Arc<ControlPlane>);
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for DemoAds {
-    type DeltaAggregatedResourcesStream = delta::ResponseStream;
-
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Ok(Response::new(delta::serve(
-            self.0.clone(),
-            request.into_inner(),
-        )))
     }
 }

@@ -591,6 +591,140 @@ mod tests {
         assert_eq!(router.type_url, Router::type_url());
     }
 
+    /// What gRPC's xDS client needs (gRFC A27): an API listener named after the target.
+    const GRPC: &str = r#"
+        [[listeners]]
+        name = "greeter.example:50051"
+        api_listener = true
+        route_config = "greeter_route"
+
+        [[routes]]
+        name = "greeter_route"
+        domains = ["greeter.example:50051"]
+        cluster = "greeter"
+
+        [[clusters]]
+        name = "greeter"
+        endpoints = ["127.0.0.1:50051"]
+    "#;
+
+    /// The `HttpConnectionManager` inside an API listener.
+    fn api_hcm(l: &Listener) -> HttpConnectionManager {
+        let any = l
+            .api_listener
+            .as_ref()
+            .and_then(|a| a.api_listener.as_ref())
+            .expect("api_listener.api_listener is set");
+        assert_eq!(any.type_url, HttpConnectionManager::type_url());
+        assert_eq!(
+            any.type_url,
+            "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.\
+             HttpConnectionManager"
+        );
+        HttpConnectionManager::decode(&any.value[..]).unwrap()
+    }
+
+    #[test]
+    fn api_listener_is_what_grpc_clients_need() {
+        let rs = parse(GRPC, "grpc.toml").unwrap();
+        let got: Vec<(&str, &str)> = rs.iter().map(|(t, r)| (t.as_str(), &*r.name)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (LISTENER, "greeter.example:50051"),
+                (ROUTE, "greeter_route"),
+                (CLUSTER, "greeter"),
+                (CLA, "greeter"),
+            ]
+        );
+
+        let l: Listener = body(find(&rs, LISTENER));
+        assert_eq!(l.name, "greeter.example:50051");
+        assert_eq!(l.address, None, "an API listener binds nothing");
+        assert!(l.filter_chains.is_empty());
+        let hcm = api_hcm(&l);
+        let Some(http_connection_manager::RouteSpecifier::Rds(rds)) = &hcm.route_specifier else {
+            panic!("not RDS");
+        };
+        assert_eq!(rds.route_config_name, "greeter_route");
+        assert_ads(&rds.config_source);
+        // gRPC (A39) requires the router as the last HTTP filter, with a typed_config.
+        let last = hcm.http_filters.last().expect("http filters");
+        assert_eq!(last.name, ROUTER_FILTER);
+        let Some(http_filter::ConfigType::TypedConfig(router)) = &last.config_type else {
+            panic!("router has no typed_config");
+        };
+        assert_eq!(router.type_url, Router::type_url());
+
+        let rc: RouteConfiguration = body(find(&rs, ROUTE));
+        assert_eq!(rc.virtual_hosts[0].domains, vec!["greeter.example:50051"]);
+        let Some(route::Action::Route(action)) = &rc.virtual_hosts[0].routes[0].action else {
+            panic!("not a route action");
+        };
+        assert_eq!(
+            action.cluster_specifier,
+            Some(route_action::ClusterSpecifier::Cluster("greeter".into()))
+        );
+
+        let c: Cluster = body(find(&rs, CLUSTER));
+        assert_eq!(c.lb_policy, cluster::LbPolicy::RoundRobin as i32);
+        assert_eq!(
+            c.cluster_discovery_type,
+            Some(cluster::ClusterDiscoveryType::Type(
+                cluster::DiscoveryType::Eds as i32
+            ))
+        );
+        assert_ads(&c.eds_cluster_config.as_ref().unwrap().eds_config);
+
+        let cla: ClusterLoadAssignment = body(find(&rs, CLA));
+        assert_eq!(cla.cluster_name, "greeter");
+        let locality = &cla.endpoints[0];
+        assert_eq!(
+            locality.load_balancing_weight,
+            Some(UInt32Value { value: 1 })
+        );
+        let Some(lb_endpoint::HostIdentifier::Endpoint(e)) =
+            &locality.lb_endpoints[0].host_identifier
+        else {
+            panic!("no endpoint");
+        };
+        assert_eq!(ip_port(&e.address), ("127.0.0.1".into(), 50051));
+    }
+
+    #[test]
+    fn api_and_socket_listeners_mix_and_share_a_route() {
+        let text = format!(
+            "{EXAMPLE}\n[[listeners]]\nname = \"demo.grpc:443\"\napi_listener = true\n\
+             route_config = \"local_route\"\n"
+        );
+        let rs = parse(&text, "mixed.toml").unwrap();
+        let listeners: Vec<Listener> = rs
+            .iter()
+            .filter(|(t, _)| t == LISTENER)
+            .map(|(_, r)| body(r))
+            .collect();
+        assert_eq!(listeners.len(), 2);
+        assert_eq!(listeners[0].name, "listener_0");
+        assert_eq!(ip_port(&listeners[0].address), ("127.0.0.1".into(), 10000));
+        assert_eq!(listeners[0].api_listener, None);
+        assert_eq!(listeners[1].name, "demo.grpc:443");
+        assert_eq!(listeners[1].address, None);
+        let Some(http_connection_manager::RouteSpecifier::Rds(rds)) =
+            api_hcm(&listeners[1]).route_specifier
+        else {
+            panic!("not RDS");
+        };
+        assert_eq!(rds.route_config_name, "local_route");
+        // Adding a listener leaves every other resource as it was.
+        let others = |rs: &[(String, CachedResource)]| -> Vec<(String, CachedResource)> {
+            rs.iter().filter(|(t, _)| t != LISTENER).cloned().collect()
+        };
+        assert_eq!(others(&rs), others(&example()));
+        // `api_listener = false` is the default.
+        let explicit = edit("port = 10000", "port = 10000\napi_listener = false");
+        assert_eq!(parse(&explicit, "x.toml").unwrap(), example());
+    }
+
     #[test]
     fn route_sends_prefix_to_cluster_and_adds_header() {
         let rc: RouteConfiguration = body(find(&example(), ROUTE));
@@ -649,9 +783,17 @@ mod tests {
             })
         );
 
+        assert_eq!(c.lb_policy, cluster::LbPolicy::RoundRobin as i32);
+
         let cla: ClusterLoadAssignment = body(find(&rs, CLA));
         assert_eq!(cla.cluster_name, "demo_backend");
         assert_eq!(cla.endpoints.len(), 1);
+        assert_eq!(
+            cla.endpoints[0].load_balancing_weight,
+            Some(UInt32Value { value: 1 }),
+            "gRPC ignores localities without a weight"
+        );
+        assert_eq!(cla.endpoints[0].locality, Some(Locality::default()));
         let lbs = &cla.endpoints[0].lb_endpoints;
         assert_eq!(lbs.len(), 1);
         let Some(lb_endpoint::HostIdentifier::Endpoint(e)) = &lbs[0].host_identifier else {
@@ -784,6 +926,22 @@ mod tests {
             (
                 edit("name = \"listener_0\"", "name = \"\""),
                 "adsrelay-demo.toml: listeners[0].name: must not be empty",
+            ),
+            (
+                edit("port = 10000", ""),
+                "adsrelay-demo.toml: listeners[0].port: required (unless api_listener = true)",
+            ),
+            (
+                edit("port = 10000", "port = 10000\napi_listener = true"),
+                "adsrelay-demo.toml: listeners[0].address: must not be set when api_listener = true",
+            ),
+            (
+                GRPC.replace("api_listener = true", "api_listener = true\nport = 50051"),
+                "adsrelay-demo.toml: listeners[0].port: must not be set when api_listener = true",
+            ),
+            (
+                GRPC.replace("route_config = \"greeter_route\"", "route_config = \"nope\""),
+                "adsrelay-demo.toml: listeners[0].route_config: unknown route \"nope\"",
             ),
             (
                 format!("{EXAMPLE}\n[[clusters]]\nname = \"demo_backend\"\nendpoints = []\n"),

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::sync::lock;
-use crate::xds::{ChangeSet, DeltaStream};
+use crate::xds::{ChangeSet, StreamCore};
 
 const MAX_QUEUED_CHANGE_SETS: usize = 64;
 
@@ -62,7 +62,7 @@ impl Mailbox {
 
     /// Moves the pending notifications into the stream's state; returns whether there were any,
     /// or the status to end the stream with.
-    pub fn drain_into(&self, stream: &mut DeltaStream) -> Result<bool, tonic::Status> {
+    pub fn drain_into<C: StreamCore>(&self, stream: &mut C) -> Result<bool, tonic::Status> {
         let inbox = std::mem::take(&mut *lock(&self.inbox));
         if let Some(status) = inbox.close {
             return Err(status);

@@ -1,7 +1,9 @@
-//! Downstream adapters: tonic services and one task per client stream, driving the protocol core.
+//! Downstream adapters: one task per client stream driving the protocol core, and the bounded
+//! change mailboxes that feed them.
 
-pub mod delta;
 pub mod mailbox;
+pub mod services;
+pub mod stream;
 
-pub use delta::DeltaHost;
 pub use mailbox::Mailbox;
+pub use stream::{serve, ResponseStream, StreamHost};

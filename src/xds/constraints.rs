@@ -198,7 +198,7 @@ pub fn key(c: Option<&DynamicParameterConstraints>) -> ConstraintKey {
 fn canon(c: &DynamicParameterConstraints) -> Node {
     fn list(l: &ConstraintList) -> Vec<Node> {
         let mut v: Vec<Node> = l.constraints.iter().map(canon).collect();
-        //v.sort();
+        v.sort();
         v
     }
     match &c.r#type {

@@ -90,7 +90,7 @@ pub struct DeltaStream {
 
 /// B14: clusters before endpoints before listeners before routes, so a client never sees a
 /// reference before its target. Other types follow in name order.
-fn type_rank(type_url: &str) -> u8 {
+pub(crate) fn type_rank(type_url: &str) -> u8 {
     match type_url.rsplit('/').next().unwrap_or("") {
         "envoy.config.cluster.v3.Cluster" => 0,
         "envoy.config.endpoint.v3.ClusterLoadAssignment" => 1,

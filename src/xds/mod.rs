@@ -11,10 +11,14 @@ pub mod delta;
 pub mod group;
 pub mod interest;
 pub mod resource;
+pub mod sotw;
 pub mod store;
+pub mod stream;
 
 pub use delta::{AckStatus, DeltaStream, ProtocolError, RequestEffects};
 pub use group::{GroupState, StreamId};
 pub use interest::{Interest, UpstreamChange, WILDCARD};
 pub use resource::{CachedResource, Name};
+pub use sotw::SotwStream;
 pub use store::{ApplyError, ChangeSet, Lookup, Store};
+pub use stream::{StreamCore, XdsRequest, XdsResponse};
