@@ -92,7 +92,7 @@ fn resources(backend: SocketAddr) -> Vec<(String, adsrelay::xds::CachedResource)
 
         [[routes]]
         name = "greeter_route"
-        domains = ["greeter.example:50051"]
+        domains = ["wrong.example"]
         cluster = "greeter"
 
         [[clusters]]
@@ -108,12 +108,21 @@ fn read_file(path: &Path) -> String {
         .unwrap_or_else(|e| format!("(cannot read {}: {e})", path.display()))
 }
 
+/// Every greeter server's stderr in `dir`, for failure messages.
+fn server_logs(dir: &Path) -> String {
+    let mut out = String::new();
+    for name in ["A", "B"] {
+        let path = dir.join(format!("greeter-{name}.stderr"));
+        out += &format!("--- greeter {name} stderr ---\n{}\n", read_file(&path));
+    }
+    out
+}
+
 /// A greeter server process replying with its name. It exits when dropped (killed), and by itself
 /// when this test process dies (its stdin closes).
 struct Greeter {
     name: &'static str,
     addr: SocketAddr,
-    stderr: PathBuf,
     _child: Child,
 }
 
@@ -155,7 +164,6 @@ impl Greeter {
         Greeter {
             name,
             addr,
-            stderr,
             _child: child,
         }
     }
@@ -166,6 +174,7 @@ struct Call {
     child: Child,
     stdout: Lines<BufReader<ChildStdout>>,
     stderr: PathBuf,
+    dir: PathBuf,
     what: String,
 }
 
@@ -192,6 +201,7 @@ impl Call {
             child,
             stdout,
             stderr,
+            dir: dir.to_path_buf(),
             what: format!(
                 "{label}: call {TARGET} --expect {}",
                 expect.join(" --expect ")
@@ -209,9 +219,10 @@ impl Call {
         }
         let status = self.finish().await;
         panic!(
-            "{}: expected \"OK {name}\", got {line:?}; client {status}\n--- client stderr ---\n{}",
+            "{}: expected \"OK {name}\", got {line:?}; client {status}\n--- client stderr ---\n{}{}",
             self.what,
-            read_file(&self.stderr)
+            read_file(&self.stderr),
+            server_logs(&self.dir)
         );
     }
 
@@ -231,9 +242,10 @@ impl Call {
         let status = self.finish().await;
         assert!(
             status.success(),
-            "{}: client {status}\n--- client stderr ---\n{}",
+            "{}: client {status}\n--- client stderr ---\n{}{}",
             self.what,
-            read_file(&self.stderr)
+            read_file(&self.stderr),
+            server_logs(&self.dir)
         );
     }
 }

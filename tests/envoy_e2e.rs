@@ -1,7 +1,8 @@
-//! Real Envoy 1.40 processes on Delta ADS through the relay, in front of the demo control plane.
-//! Asserts from each Envoy's admin /config_dump that all converge, that a request through an
-//! Envoy's listener reaches the backend with the configured route, and that an update made at the
-//! control plane reaches every Envoy. The control plane sees one upstream stream for all of them.
+//! Real Envoy 1.40 processes through the relay, in front of the demo control plane, on Delta ADS
+//! and on state-of-the-world ADS (`api_type: GRPC`). Asserts from each Envoy's admin /config_dump
+//! that all converge, that a request through an Envoy's listener reaches the backend with the
+//! configured route, and that an update made at the control plane reaches every Envoy. The control
+//! plane sees one upstream stream for all of them.
 
 mod support;
 
@@ -61,33 +62,37 @@ async fn get_through(port: u16) -> String {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_envoys_converge_route_and_follow_an_update() {
+struct Setup {
+    listener_port: u16,
+    up: Upstream,
+    relay: RelayUnderTest,
+    backend_addr: std::net::SocketAddr,
+}
+
+async fn setup() -> Setup {
     let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let backend_addr = backend.local_addr().unwrap();
     tokio::spawn(adsrelay::demo::backend::serve(backend));
     let listener_port = free_port();
-
     let up = Upstream::start(
         adsrelay::demo::resources::parse(&resources(listener_port, backend_addr, "v1"), "test")
             .unwrap(),
     )
     .await;
     let relay = RelayUnderTest::start(up.addr, Duration::from_secs(30)).await;
+    Setup {
+        listener_port,
+        up,
+        relay,
+        backend_addr,
+    }
+}
 
-    let mut envoys: Vec<Envoy> = (0..3)
-        .map(|i| {
-            Envoy::start(
-                "bootstrap-delta.yaml",
-                relay.xds.port(),
-                &format!("envoy-{i}"),
-                "demo",
-            )
-        })
-        .collect();
-
-    let backend_port = backend_addr.port().to_string();
-    converge(&mut envoys, "v1", |d| {
+/// Converges on v1, routes a request, pushes v2, converges again, and checks no Envoy rejected
+/// anything and the control plane saw a single stream.
+async fn converge_route_update(s: &Setup, envoys: &mut [Envoy]) {
+    let backend_port = s.backend_addr.port().to_string();
+    converge(envoys, "v1", |d| {
         d.contains("\"listener_0\"")
             && d.contains("\"demo_backend\"")
             && d.contains(&format!("\"port_value\": {backend_port}"))
@@ -96,22 +101,22 @@ async fn three_envoys_converge_route_and_follow_an_update() {
     .await;
 
     // Envoy reuses the port across processes (SO_REUSEPORT), so any of them may answer.
-    let text = get_through(listener_port).await;
+    let text = get_through(s.listener_port).await;
     assert!(
         text.contains(adsrelay::demo::backend::GREETING.trim()),
         "{text}"
     );
     assert!(text.to_lowercase().contains("x-demo-version: v1"), "{text}");
 
-    up.cp.set_resources(
-        adsrelay::demo::resources::parse(&resources(listener_port, backend_addr, "v2"), "test")
+    s.up.cp.set_resources(
+        adsrelay::demo::resources::parse(&resources(s.listener_port, s.backend_addr, "v2"), "test")
             .unwrap(),
     );
-    converge(&mut envoys, "v2", |d| {
+    converge(envoys, "v2", |d| {
         d.contains("\"value\": \"v2\"") && !d.contains("\"value\": \"v1\"")
     })
     .await;
-    let text = get_through(listener_port).await;
+    let text = get_through(s.listener_port).await;
     assert!(text.to_lowercase().contains("x-demo-version: v2"), "{text}");
 
     for (i, e) in envoys.iter().enumerate() {
@@ -126,10 +131,58 @@ async fn three_envoys_converge_route_and_follow_an_update() {
             assert!(line.ends_with(": 0"), "envoy {i} rejected config: {line}");
         }
     }
-    let stats = up.cp.stats();
+    let stats = s.up.cp.stats();
     println!(
-        "3 Envoys through the relay: upstream streams {}, upstream requests {}",
-        stats.streams_opened, stats.requests
+        "{} Envoys through the relay: upstream streams {}, upstream requests {}",
+        envoys.len(),
+        stats.streams_opened,
+        stats.requests
     );
-    assert_eq!(stats.streams_opened, 1, "three Envoys, one upstream stream");
+    assert_eq!(
+        stats.streams_opened, 1,
+        "all Envoys of the group, one upstream stream"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_delta_envoys_converge_route_and_follow_an_update() {
+    let s = setup().await;
+    let mut envoys: Vec<Envoy> = (0..3)
+        .map(|i| {
+            Envoy::start(
+                "bootstrap-delta.yaml",
+                s.relay.xds.port(),
+                &format!("envoy-{i}"),
+                "demo",
+            )
+        })
+        .collect();
+    converge_route_update(&s, &mut envoys).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sotw_envoy_converges_routes_and_follows_an_update() {
+    let s = setup().await;
+    let mut envoys = vec![Envoy::start(
+        "bootstrap-sotw.yaml",
+        s.relay.xds.port(),
+        "sotw-0",
+        "demo",
+    )];
+    converge_route_update(&s, &mut envoys).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sotw_and_delta_envoys_of_one_group_share_one_upstream_stream() {
+    let s = setup().await;
+    let mut envoys = vec![
+        Envoy::start("bootstrap-sotw.yaml", s.relay.xds.port(), "sotw-1", "demo"),
+        Envoy::start(
+            "bootstrap-delta.yaml",
+            s.relay.xds.port(),
+            "delta-1",
+            "demo",
+        ),
+    ];
+    converge_route_update(&s, &mut envoys).await;
 }
