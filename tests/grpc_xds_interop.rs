@@ -92,7 +92,7 @@ fn resources(backend: SocketAddr) -> Vec<(String, adsrelay::xds::CachedResource)
 
         [[routes]]
         name = "greeter_route"
-        domains = ["wrong.example"]
+        domains = ["greeter.example:50051"]
         cluster = "greeter"
 
         [[clusters]]
