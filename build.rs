@@ -82,6 +82,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         [
             "envoy/service/discovery/v3/ads.proto",
             "adsrelay/wire.proto",
+            "envoy/service/status/v3/csds.proto",
         ],
         ["proto"],
     )?;

@@ -1,9 +1,12 @@
-//! Admin HTTP server (hyper): /healthz and /readyz.
+//! Admin HTTP server (hyper): /healthz, /readyz, /metrics, JSON debug endpoints (cache, clients,
+//! upstreams, config) and the run-time log level (POST). See README "Operations".
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -14,8 +17,10 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::net::TcpListener;
-use tracing::debug;
+use tracing::{debug, info};
 
+use crate::config::logging;
+use crate::csds::TypeAck;
 use crate::relay::{Relay, UpstreamStatus};
 use crate::sync::lock;
 
@@ -79,11 +84,354 @@ fn respond(
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
 }
 
-fn route(relay: &Relay, req: &Request<Incoming>) -> Response<Full<Bytes>> {
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "use GET\n");
+fn json(status: StatusCode, value: &impl Serialize) -> Response<Full<Bytes>> {
+    let mut body = serde_json::to_vec_pretty(value).unwrap_or_default();
+    body.push(b'\n');
+    respond(status, "application/json", body)
+}
+
+fn method_not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
+    let mut r = respond(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "text/plain",
+        format!("method not allowed; use {allow}\n"),
+    );
+    r.headers_mut()
+        .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+    r
+}
+
+/// Decodes `%XX` escapes and `+` in a query component.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = |b: u8| (b as char).to_digit(16);
+                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push((h * 16 + l) as u8);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
     }
-    match req.uri().path() {
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn query(req: &Request<Incoming>) -> HashMap<String, String> {
+    req.uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => (percent_decode(k), percent_decode(v)),
+            None => (percent_decode(kv), String::new()),
+        })
+        .collect()
+}
+
+#[derive(Debug, Serialize)]
+struct CacheEntry {
+    name: String,
+    version: String,
+    bytes: usize,
+    do_not_cache: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct CacheType {
+    type_url: String,
+    /// Resources of the type in the group's cache (before the name filter).
+    resources: usize,
+    bytes: usize,
+    wildcard_synced: bool,
+    entries: Vec<CacheEntry>,
+}
+
+#[derive(Debug, Serialize)]
+struct CacheGroup {
+    group: String,
+    types: Vec<CacheType>,
+}
+
+#[derive(Debug, Serialize)]
+struct CacheDump {
+    groups: Vec<CacheGroup>,
+    /// More entries matched than `limit`.
+    truncated: bool,
+}
+
+/// `/debug/cache?type=&prefix=&group=&limit=`: names, versions and sizes; never bodies.
+fn debug_cache(relay: &Relay, q: &HashMap<String, String>) -> CacheDump {
+    let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(1000);
+    let prefix = q.get("prefix").map(String::as_str).unwrap_or("");
+    let mut left = limit;
+    let mut truncated = false;
+    let mut groups = relay.groups();
+    groups.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut out = Vec::new();
+    for g in groups {
+        if q.get("group").is_some_and(|want| *want != g.name) {
+            continue;
+        }
+        let state = lock(&g.state);
+        let mut type_urls: Vec<&str> = state
+            .store
+            .type_urls()
+            .filter(|t| q.get("type").is_none_or(|want| want == t))
+            .collect();
+        type_urls.sort_unstable();
+        let mut types = Vec::new();
+        for t in type_urls {
+            let (mut resources, mut bytes) = (0, 0);
+            let mut entries = Vec::new();
+            for r in state.store.resources(t) {
+                resources += 1;
+                bytes += r.encoded.len();
+                if !r.name.starts_with(prefix) {
+                    continue;
+                }
+                if left == 0 {
+                    truncated = true;
+                    continue;
+                }
+                left -= 1;
+                entries.push(CacheEntry {
+                    name: r.name.to_string(),
+                    version: r.version.clone(),
+                    bytes: r.encoded.len(),
+                    do_not_cache: r.do_not_cache,
+                });
+            }
+            types.push(CacheType {
+                type_url: t.to_string(),
+                resources,
+                bytes,
+                wildcard_synced: state.store.wildcard_synced(t),
+                entries,
+            });
+        }
+        out.push(CacheGroup {
+            group: g.name.clone(),
+            types,
+        });
+    }
+    CacheDump {
+        groups: out,
+        truncated,
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Answer {
+    nonce: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    at: Option<SystemTime>,
+}
+
+#[derive(Debug, Serialize)]
+struct ClientType {
+    type_url: String,
+    wildcard: bool,
+    /// Explicitly subscribed names.
+    subscriptions: usize,
+    /// Resources the client holds as far as the relay knows.
+    resources: usize,
+    /// not_sent, pending (response in flight), acked or nacked: the answer to the latest response.
+    state: &'static str,
+    last_nonce: Option<String>,
+    last_ack: Option<Answer>,
+    last_nack: Option<Answer>,
+}
+
+#[derive(Debug, Serialize)]
+struct ClientInfo {
+    stream_id: u64,
+    node_id: String,
+    cluster: String,
+    group: String,
+    protocol: &'static str,
+    connected_since: SystemTime,
+    types: Vec<ClientType>,
+}
+
+/// `/debug/clients?node_id=&group=`: every open stream and its per-type ACK/NACK state.
+fn debug_clients(relay: &Relay, q: &HashMap<String, String>) -> Vec<ClientInfo> {
+    let mut clients = relay.clients();
+    clients.sort_by_key(|c| c.id);
+    clients
+        .into_iter()
+        .filter(|c| q.get("node_id").is_none_or(|n| *n == c.node.id))
+        .filter(|c| q.get("group").is_none_or(|g| *g == c.group))
+        .map(|c| {
+            let types = c
+                .core
+                .snapshot(false)
+                .into_iter()
+                .map(|ts| {
+                    let times = c.ack_times(&ts.type_url);
+                    ClientType {
+                        state: TypeAck::of(&ts).as_str(),
+                        type_url: ts.type_url,
+                        wildcard: ts.wildcard,
+                        subscriptions: ts.subscribed,
+                        resources: ts.held,
+                        last_nonce: ts.last_nonce,
+                        last_ack: ts.last_ack.map(|nonce| Answer {
+                            nonce,
+                            error: None,
+                            at: times.last_ack,
+                        }),
+                        last_nack: ts.last_nack.map(|(nonce, error)| Answer {
+                            nonce,
+                            error: Some(error),
+                            at: times.last_nack,
+                        }),
+                    }
+                })
+                .collect();
+            ClientInfo {
+                stream_id: c.id,
+                node_id: c.node.id.clone(),
+                cluster: c.node.cluster.clone(),
+                group: c.group.clone(),
+                protocol: c.protocol,
+                connected_since: c.connected_since,
+                types,
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Serialize)]
+struct UpstreamSubscription {
+    type_url: String,
+    /// Distinct names (and `"*"`) subscribed upstream, lingering ones included.
+    names: usize,
+    wildcard: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct UpstreamInfo {
+    group: String,
+    clients: usize,
+    #[serde(flatten)]
+    status: UpstreamStatus,
+    subscriptions: Vec<UpstreamSubscription>,
+}
+
+fn debug_upstreams(relay: &Relay) -> Vec<UpstreamInfo> {
+    let mut groups = relay.groups();
+    groups.sort_by(|a, b| a.name.cmp(&b.name));
+    groups
+        .iter()
+        .map(|g| UpstreamInfo {
+            group: g.name.clone(),
+            clients: g.stream_count(),
+            subscriptions: lock(&g.state)
+                .interest
+                .upstream_subscriptions_by_type()
+                .into_iter()
+                .map(|(type_url, names, wildcard)| UpstreamSubscription {
+                    type_url,
+                    names,
+                    wildcard,
+                })
+                .collect(),
+            status: lock(&g.status).clone(),
+        })
+        .collect()
+}
+
+fn debug_config(relay: &Relay) -> serde_json::Value {
+    let c = &relay.config;
+    serde_json::json!({
+        "upstream": c.upstream.to_string(),
+        "listen": c.listen.to_string(),
+        "admin": c.admin.to_string(),
+        "node_id": c.node_id,
+        "unsubscribe_linger": format!("{:?}", c.unsubscribe_linger),
+        "max_message_bytes": c.max_message_bytes,
+        "log_format": format!("{:?}", c.log_format).to_lowercase(),
+        "log_level": logging::level(),
+        "upstream_backoff_initial": format!("{:?}", c.backoff_initial),
+        "upstream_backoff_max": format!("{:?}", c.backoff_max),
+        "params_from_metadata": c.params_from_metadata,
+        // Every field, including ones this endpoint does not list by name.
+        "debug": format!("{c:?}"),
+    })
+}
+
+fn set_log_level(q: &HashMap<String, String>) -> Response<Full<Bytes>> {
+    let Some(level) = q.get("level").filter(|l| !l.is_empty()) else {
+        return respond(
+            StatusCode::BAD_REQUEST,
+            "text/plain",
+            "missing ?level=, e.g. ?level=debug or ?level=info,adsrelay=debug\n",
+        );
+    };
+    match logging::set_level(level) {
+        Ok(()) => {
+            info!(level = %level, "log level changed via admin API");
+            json(StatusCode::OK, &serde_json::json!({ "log_level": level }))
+        }
+        Err(e @ logging::LevelError::Invalid(..)) => {
+            respond(StatusCode::BAD_REQUEST, "text/plain", format!("{e}\n"))
+        }
+        Err(e) => respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("{e}\n"),
+        ),
+    }
+}
+
+const INDEX: &str = "adsrelay admin\n\
+GET  /healthz\n\
+GET  /readyz\n\
+GET  /metrics\n\
+GET  /debug/cache?type=TYPE_URL&prefix=NAME_PREFIX&group=GROUP&limit=1000\n\
+GET  /debug/clients?node_id=ID&group=GROUP\n\
+GET  /debug/upstreams\n\
+GET  /debug/config\n\
+POST /debug/log-level?level=debug\n";
+
+fn route(relay: &Relay, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = req.uri().path();
+    let read = req.method() == Method::GET || req.method() == Method::HEAD;
+    // State-changing endpoints are POST-only; everything else is read-only.
+    if path == "/debug/log-level" {
+        return if req.method() == Method::POST {
+            set_log_level(&query(req))
+        } else {
+            method_not_allowed("POST")
+        };
+    }
+    let known = matches!(
+        path,
+        "/" | "/healthz"
+            | "/readyz"
+            | "/metrics"
+            | "/debug/cache"
+            | "/debug/clients"
+            | "/debug/upstreams"
+            | "/debug/config"
+    );
+    if known && !read {
+        return method_not_allowed("GET, HEAD");
+    }
+    match path {
+        "/" => respond(StatusCode::OK, "text/plain", INDEX),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" => {
             let r = readiness(relay);
@@ -92,13 +440,21 @@ fn route(relay: &Relay, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             } else {
                 StatusCode::SERVICE_UNAVAILABLE
             };
-            let body = serde_json::to_vec_pretty(&r).unwrap_or_default();
-            respond(code, "application/json", body)
+            json(code, &r)
         }
+        "/metrics" => respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            relay.render_metrics(),
+        ),
+        "/debug/cache" => json(StatusCode::OK, &debug_cache(relay, &query(req))),
+        "/debug/clients" => json(StatusCode::OK, &debug_clients(relay, &query(req))),
+        "/debug/upstreams" => json(StatusCode::OK, &debug_upstreams(relay)),
+        "/debug/config" => json(StatusCode::OK, &debug_config(relay)),
         _ => respond(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found; try /healthz or /readyz\n",
+            format!("not found\n\n{INDEX}"),
         ),
     }
 }

@@ -56,6 +56,10 @@ pub struct RelayArgs {
     /// Largest xDS message accepted or sent, in bytes [default: 67108864]
     #[arg(long, value_name = "BYTES")]
     pub max_message_bytes: Option<usize>,
+    /// Node metadata key whose value becomes a dynamic parameter of the client's plain-name
+    /// subscriptions (TP2 migration path); repeatable
+    #[arg(long = "param-from-metadata", value_name = "KEY")]
+    pub params_from_metadata: Vec<String>,
     /// Log format [default: text]; the level comes from RUST_LOG (default `info`)
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
@@ -99,6 +103,7 @@ struct FileConfig {
     log_format: Option<LogFormat>,
     upstream_backoff_initial: Option<String>,
     upstream_backoff_max: Option<String>,
+    params_from_metadata: Option<Vec<String>>,
 }
 
 /// Validated relay configuration.
@@ -113,6 +118,8 @@ pub struct Config {
     pub log_format: LogFormat,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
+    /// Node metadata keys turned into dynamic parameters for clients without locators.
+    pub params_from_metadata: Vec<String>,
 }
 
 impl Config {
@@ -128,6 +135,7 @@ impl Config {
             log_format: LogFormat::Text,
             backoff_initial: Duration::from_millis(250),
             backoff_max: Duration::from_secs(30),
+            params_from_metadata: Vec::new(),
         }
     }
 }
@@ -233,6 +241,18 @@ impl RelayArgs {
         if let Some(s) = pick(self.log_format, "log-format", file.log_format, &path) {
             cfg.log_format = s.value;
         }
+        if !self.params_from_metadata.is_empty() {
+            cfg.params_from_metadata = self.params_from_metadata;
+        } else if let Some(keys) = file.params_from_metadata {
+            cfg.params_from_metadata = keys;
+        }
+        if let Some(k) = cfg.params_from_metadata.iter().find(|k| k.is_empty()) {
+            return Err(invalid(
+                &path,
+                "params_from_metadata",
+                format!("{k:?}: keys must not be empty"),
+            ));
+        }
         if let Some(v) = file.upstream_backoff_initial {
             cfg.backoff_initial =
                 parse_duration(&v).map_err(|m| invalid(&path, "upstream_backoff_initial", m))?;
@@ -310,6 +330,75 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?} is out of range"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// Run-time log level control (`POST /debug/log-level`): the binary installs the global
+/// subscriber with a reloadable filter; the admin API swaps the filter.
+pub mod logging {
+    use std::sync::{Mutex, OnceLock};
+
+    use tracing_subscriber::prelude::*;
+    use tracing_subscriber::{fmt, reload, EnvFilter, Registry};
+
+    use super::LogFormat;
+
+    struct Control {
+        handle: reload::Handle<EnvFilter, Registry>,
+        current: Mutex<String>,
+    }
+
+    static CONTROL: OnceLock<Control> = OnceLock::new();
+
+    /// Installs the global subscriber: `format`, filtered by `RUST_LOG` (default `info`), with a
+    /// filter the admin API can replace. Returns false if a subscriber was already installed.
+    pub fn init(format: LogFormat) -> bool {
+        let initial = std::env::var("RUST_LOG")
+            .ok()
+            .filter(|s| EnvFilter::try_new(s).is_ok())
+            .unwrap_or_else(|| "info".to_string());
+        let (filter, handle) = reload::Layer::new(EnvFilter::new(&initial));
+        let text = (format == LogFormat::Text).then(fmt::layer);
+        let json = (format == LogFormat::Json).then(|| fmt::layer().json().flatten_event(true));
+        let installed = tracing_subscriber::registry()
+            .with(filter)
+            .with(text)
+            .with(json)
+            .try_init()
+            .is_ok();
+        if installed {
+            let _ = CONTROL.set(Control {
+                handle,
+                current: Mutex::new(initial),
+            });
+        }
+        installed
+    }
+
+    /// The current filter, if the binary installed a reloadable one.
+    pub fn level() -> Option<String> {
+        CONTROL.get().map(|c| crate::sync::lock(&c.current).clone())
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    pub enum LevelError {
+        #[error("log level control is not available (logging was not set up by the binary)")]
+        Unavailable,
+        #[error("invalid level or filter {0:?}: {1}")]
+        Invalid(String, String),
+    }
+
+    /// Replaces the filter: a level (`debug`) or any `RUST_LOG` directive (`info,adsrelay=debug`).
+    pub fn set_level(directive: &str) -> Result<(), LevelError> {
+        let control = CONTROL.get().ok_or(LevelError::Unavailable)?;
+        let filter = EnvFilter::try_new(directive)
+            .map_err(|e| LevelError::Invalid(directive.to_string(), e.to_string()))?;
+        control
+            .handle
+            .reload(filter)
+            .map_err(|e| LevelError::Invalid(directive.to_string(), e.to_string()))?;
+        *crate::sync::lock(&control.current) = directive.to_string();
+        Ok(())
+    }
 }
 
 #[cfg(test)]

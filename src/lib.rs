@@ -16,8 +16,10 @@
 pub mod admin;
 pub mod backoff;
 pub mod config;
+pub mod csds;
 pub mod demo;
 pub mod downstream;
+pub mod metrics;
 pub mod pb;
 pub mod relay;
 pub mod sync;
@@ -55,9 +57,15 @@ pub async fn run(
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)));
+    // Each accepted connection is counted (adsrelay_downstream_connections) while it is open.
+    let counted = relay.clone();
+    let incoming = tokio_stream::StreamExt::map(TcpListenerStream::new(xds), move |conn| {
+        conn.map(|io| metrics::CountedIo::new(io, &counted.metrics))
+    });
     let result =
         downstream::services::add_all(&mut server, relay.clone(), relay.config.max_message_bytes)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(xds), shutdown)
+            .add_service(csds::Csds::server(relay.clone()))
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
     let _ = stop_tx.send(true);
     result

@@ -9,13 +9,8 @@ use tokio::net::TcpListener;
 use adsrelay::config::{Cli, Command, LogFormat};
 
 fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
+    // Reloadable, so `POST /debug/log-level` can change the level at run time.
+    adsrelay::config::logging::init(format);
 }
 
 async fn shutdown_signal() {

@@ -9,6 +9,18 @@ pub mod google {
 }
 
 pub mod envoy {
+    pub mod admin {
+        pub mod v3 {
+            include!(concat!(env!("OUT_DIR"), "/envoy.admin.v3.rs"));
+        }
+    }
+    pub mod r#type {
+        pub mod matcher {
+            pub mod v3 {
+                include!(concat!(env!("OUT_DIR"), "/envoy.r#type.matcher.v3.rs"));
+            }
+        }
+    }
     pub mod config {
         pub mod core {
             pub mod v3 {
@@ -20,6 +32,11 @@ pub mod envoy {
         pub mod discovery {
             pub mod v3 {
                 include!(concat!(env!("OUT_DIR"), "/envoy.service.discovery.v3.rs"));
+            }
+        }
+        pub mod status {
+            pub mod v3 {
+                include!(concat!(env!("OUT_DIR"), "/envoy.service.status.v3.rs"));
             }
         }
     }
@@ -43,6 +60,7 @@ pub mod relay_ads {
 pub use adsrelay::wire;
 pub use envoy::config::core::v3 as core;
 pub use envoy::service::discovery::v3 as discovery;
+pub use envoy::service::status::v3 as csds;
 pub use google::rpc;
 
 /// The per-type discovery services (CDS, LDS, RDS, SRDS, VHDS, EDS, SDS, RTDS, ECDS), generated

@@ -1,5 +1,6 @@
 //! The relay's shared runtime state: aggregation groups, each with its protocol state behind a lock,
-//! its downstream mailboxes and its upstream task. Implements [`DeltaHost`] for downstream streams.
+//! its downstream mailboxes and its upstream task. Implements [`StreamHost`] for downstream streams,
+//! keeps the registry of connected clients (admin API, CSDS) and records the relay's metrics.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,10 +11,14 @@ use tokio::sync::{watch, Notify};
 use tonic::Status;
 
 use crate::config::Config;
-use crate::downstream::{Mailbox, StreamHost};
+use crate::downstream::{ClientEntry, Mailbox, StreamEvent, StreamHost};
+use crate::metrics::{GroupScrape, Metrics, ScrapeState};
 use crate::pb::core::Node;
 use crate::sync::lock;
-use crate::xds::{ChangeSet, GroupState, Name, RequestEffects, Store, StreamId};
+use crate::xds::constraints::Params;
+use crate::xds::{
+    ChangeSet, GroupState, Locator, Lookup, RequestEffects, Store, StreamId, WILDCARD,
+};
 
 /// The upstream connection of one group, as operators see it on /readyz.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -65,6 +70,9 @@ pub struct Relay {
     /// The upstream answered at least once (probe or any group).
     pub upstream_reached: Arc<AtomicBool>,
     shutdown: watch::Receiver<bool>,
+    pub metrics: Metrics,
+    /// Every open downstream stream, for the admin API and CSDS.
+    clients: DashMap<StreamId, Arc<ClientEntry>>,
 }
 
 impl Relay {
@@ -75,7 +83,54 @@ impl Relay {
             next_stream: AtomicU64::new(1),
             upstream_reached: Arc::new(AtomicBool::new(false)),
             shutdown,
+            metrics: Metrics::new(),
+            clients: DashMap::new(),
         })
+    }
+
+    pub fn group(&self, name: &str) -> Option<Arc<Group>> {
+        self.groups.get(name).map(|g| g.clone())
+    }
+
+    /// Every open downstream stream.
+    pub fn clients(&self) -> Vec<Arc<ClientEntry>> {
+        self.clients.iter().map(|c| c.value().clone()).collect()
+    }
+
+    /// `/metrics`: the scrape-time gauges, then everything in the Prometheus text format. Each
+    /// group's lock is taken once, briefly, to count its subscriptions and cache.
+    pub fn render_metrics(&self) -> String {
+        let mut s = ScrapeState::default();
+        for c in self.clients.iter() {
+            s.streams[usize::from(c.protocol != "delta")] += 1;
+        }
+        for g in self.groups() {
+            let subscriptions = {
+                let state = lock(&g.state);
+                for (t, n) in state.subscriptions_by_type() {
+                    *s.subscriptions.entry(t.to_string()).or_default() += n;
+                }
+                for t in state.store.type_urls() {
+                    let e = s.cache.entry(t.to_string()).or_default();
+                    for r in state.store.resources(t) {
+                        e.0 += 1;
+                        e.1 += r.encoded.len();
+                    }
+                }
+                state.interest.upstream_subscription_count()
+            };
+            let status = lock(&g.status).clone();
+            s.groups.push(GroupScrape {
+                group: g.name.clone(),
+                connected: status.connected,
+                subscriptions,
+                streams_opened: status.streams_opened,
+                responses: status.responses,
+                nacks_sent: status.nacks_sent,
+                last_response: status.last_response,
+            });
+        }
+        self.metrics.render(s)
     }
 
     /// The group for a downstream node: in this version, its `node.cluster`.
@@ -116,8 +171,46 @@ impl StreamHost for Relay {
         Ok(group)
     }
 
-    fn on_effects(&self, group: &Arc<Group>, id: StreamId, effects: &RequestEffects) {
-        lock(&group.state).apply_effects(id, effects, Instant::now());
+    fn default_params(&self, node: &Node) -> Params {
+        params_from_metadata(node, &self.config.params_from_metadata)
+    }
+
+    fn on_effects(&self, group: &Arc<Group>, id: StreamId, effects: &RequestEffects) -> u64 {
+        let mut state = lock(&group.state);
+        // Cache hit: a new subscription the cache can answer now (present or known absent, or a
+        // synced wildcard); miss: it waits for the upstream.
+        let (mut hits, mut misses) = (0, 0);
+        for l in &effects.acquire {
+            let hit = if &*l.name == WILDCARD {
+                state.store.wildcard_synced(&effects.type_url)
+            } else {
+                !matches!(
+                    state
+                        .store
+                        .lookup_for(&effects.type_url, &l.name, &l.params),
+                    Lookup::Unknown
+                )
+            };
+            if hit {
+                hits += 1;
+            } else {
+                misses += 1;
+            }
+        }
+        let seq = state.apply_effects(id, effects, Instant::now());
+        drop(state);
+        self.metrics.cache_lookups(&effects.type_url, hits, misses);
+        group.upstream_wake.notify_one();
+        seq
+    }
+
+    fn refetch(&self, group: &Arc<Group>, locators: Vec<(String, Locator)>) {
+        let now = Instant::now();
+        let mut state = lock(&group.state);
+        for (type_url, l) in &locators {
+            state.refetch(type_url, l, now);
+        }
+        drop(state);
         group.upstream_wake.notify_one();
     }
 
@@ -125,7 +218,8 @@ impl StreamHost for Relay {
         f(&lock(&group.state).store)
     }
 
-    fn close(&self, group: Arc<Group>, id: StreamId, held: Vec<(String, Name)>) {
+    fn close(&self, group: Arc<Group>, id: StreamId, held: Vec<(String, Locator)>) {
+        self.clients.remove(&id);
         group.streams.remove(&id);
         lock(&group.state).remove_stream(id, &held, Instant::now());
         group.upstream_wake.notify_one();
@@ -134,4 +228,52 @@ impl StreamHost for Relay {
     fn next_stream_id(&self) -> StreamId {
         self.next_stream.fetch_add(1, Ordering::Relaxed)
     }
+
+    fn group_name(&self, group: &Arc<Group>) -> String {
+        group.name.clone()
+    }
+
+    fn observe(&self, event: StreamEvent<'_>) {
+        match event {
+            StreamEvent::Opened(client) => {
+                self.metrics.stream_opened(client.protocol);
+                self.clients.insert(client.id, client.clone());
+            }
+            StreamEvent::Rejected(reason) => self.metrics.stream_rejected(reason),
+            StreamEvent::Answered { type_url, nack } => self.metrics.client_ack(type_url, nack),
+            StreamEvent::Sent {
+                protocol,
+                type_url,
+                resources,
+                bytes,
+                received_at,
+            } => {
+                self.metrics
+                    .response_sent(protocol, type_url, resources, bytes);
+                if let Some(at) = received_at {
+                    self.metrics.fanout_latency(at);
+                }
+            }
+        }
+    }
+}
+
+/// TP2's migration path: dynamic parameters for a client that sends no locators, read from the
+/// configured keys of its `node.metadata` (strings as they are, numbers and booleans printed).
+pub fn params_from_metadata(node: &Node, keys: &[String]) -> Params {
+    use prost_types::value::Kind;
+    let Some(md) = node.metadata.as_ref() else {
+        return Params::new();
+    };
+    keys.iter()
+        .filter_map(|k| {
+            let v = match md.fields.get(k)?.kind.as_ref()? {
+                Kind::StringValue(s) => s.clone(),
+                Kind::NumberValue(n) => n.to_string(),
+                Kind::BoolValue(b) => b.to_string(),
+                _ => return None,
+            };
+            Some((k.clone(), v))
+        })
+        .collect()
 }

@@ -17,12 +17,13 @@ use tracing::{debug, info, warn, Instrument};
 use crate::backoff::Backoff;
 use crate::config::Config;
 use crate::pb::core::{node::UserAgentVersionType, Node};
-use crate::pb::discovery::DeltaDiscoveryRequest;
+use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceLocator};
 use crate::pb::relay_ads::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::pb::rpc;
 use crate::pb::wire::DeltaDiscoveryResponse;
 use crate::relay::Group;
 use crate::sync::lock;
+use crate::xds::{Locator, UpstreamUpdate};
 
 /// gRPC status code NOT_FOUND, which TP3 `resource_errors` use to say a resource does not exist.
 const NOT_FOUND: i32 = 5;
@@ -133,9 +134,11 @@ async fn session(
                 let irv = state
                     .store
                     .initial_versions(&type_url, |n| wildcard || interest.wants(&type_url, n));
+                let (names, locators) = split_locators(&names);
                 DeltaDiscoveryRequest {
                     node: Some(node.clone()),
-                    resource_names_subscribe: names.iter().map(|n| n.to_string()).collect(),
+                    resource_names_subscribe: names,
+                    resource_locators_subscribe: locators,
                     initial_resource_versions: irv,
                     type_url,
                     ..Default::default()
@@ -205,13 +208,17 @@ async fn send_interest_changes(
     for c in changes {
         debug!(type_url = %c.type_url, subscribe = ?c.subscribe, unsubscribe = ?c.unsubscribe,
             "upstream subscription change");
+        let (subscribe, subscribe_locators) = split_locators(&c.subscribe);
+        let (unsubscribe, unsubscribe_locators) = split_locators(&c.unsubscribe);
         send(
             tx,
             DeltaDiscoveryRequest {
                 node: Some(node.clone()),
                 type_url: c.type_url,
-                resource_names_subscribe: c.subscribe.iter().map(|n| n.to_string()).collect(),
-                resource_names_unsubscribe: c.unsubscribe.iter().map(|n| n.to_string()).collect(),
+                resource_names_subscribe: subscribe,
+                resource_names_unsubscribe: unsubscribe,
+                resource_locators_subscribe: subscribe_locators,
+                resource_locators_unsubscribe: unsubscribe_locators,
                 ..Default::default()
             },
         )
@@ -220,12 +227,33 @@ async fn send_interest_changes(
     Ok(())
 }
 
+/// Plain locators go upstream as names, the rest as `ResourceLocator`s with their parameters (E13).
+fn split_locators(locators: &[Locator]) -> (Vec<String>, Vec<ResourceLocator>) {
+    let (plain, with_params): (Vec<&Locator>, Vec<&Locator>) =
+        locators.iter().partition(|l| l.is_plain());
+    (
+        plain.iter().map(|l| l.name.to_string()).collect(),
+        with_params
+            .iter()
+            .map(|l| ResourceLocator {
+                name: l.name.to_string(),
+                dynamic_parameters: l
+                    .params
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            })
+            .collect(),
+    )
+}
+
 /// Applies one upstream response and returns the ACK or NACK for it.
 fn apply_response(
     group: &Group,
     node: &Node,
     resp: DeltaDiscoveryResponse,
 ) -> Result<DeltaDiscoveryRequest, SessionError> {
+    let received_at = Instant::now();
     if resp.nonce.is_empty() {
         // F8: a response without a nonce cannot be acknowledged; start over.
         return Err(SessionError::Protocol(format!(
@@ -240,16 +268,25 @@ fn apply_response(
         .map(|b| Bytes::copy_from_slice(b))
         .collect();
     let mut removed: Vec<String> = resp.removed_resources;
-    removed.extend(resp.removed_resource_names.into_iter().map(|r| r.name));
-    // C14: NOT_FOUND in resource_errors means the same as removed_resources.
+    // C14: NOT_FOUND in resource_errors means the same as removed_resources; other errors are
+    // passed through to the subscribers of those names (TP3).
+    let (not_found, errors): (Vec<_>, Vec<_>) = resp
+        .resource_errors
+        .into_iter()
+        .partition(|e| e.error_detail.as_ref().is_some_and(|s| s.code == NOT_FOUND));
     removed.extend(
-        resp.resource_errors
+        not_found
             .into_iter()
-            .filter(|e| e.error_detail.as_ref().is_some_and(|s| s.code == NOT_FOUND))
             .filter_map(|e| e.resource_name.map(|r| r.name)),
     );
     removed.sort();
     removed.dedup();
+    let update = UpstreamUpdate {
+        resources,
+        removed,
+        removed_variants: resp.removed_resource_names,
+        errors,
+    };
 
     let outcome = {
         let mut state = lock(&group.state);
@@ -258,8 +295,9 @@ fn apply_response(
             Ok(None)
         } else {
             state
-                .apply_upstream(&resp.type_url, resources, removed)
-                .map(|changes| {
+                .apply_upstream(&resp.type_url, update)
+                .map(|mut changes| {
+                    changes.received_at = Some(received_at);
                     let affected = state.affected(&changes);
                     Some((changes, affected))
                 })

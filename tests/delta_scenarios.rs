@@ -264,8 +264,8 @@ fn map<'a>(pairs: &[(&'a str, &'a str)]) -> BTreeMap<&'a str, &'a str> {
     pairs.iter().copied().collect()
 }
 
-fn strs(names: &[Name]) -> Vec<&str> {
-    names.iter().map(|n| &**n).collect()
+fn strs(locators: &[adsrelay::xds::Locator]) -> Vec<&str> {
+    locators.iter().map(|l| &*l.name).collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1080,7 +1080,10 @@ fn c05_removal_after_reconnect_only_touches_removed_name() {
 
     // After reconnecting with IRV {a:v1, b:v1}, upstream resends nothing for a and removes b.
     let changes = upstream(&mut store, CDS, &[], &["b"], true);
-    assert_eq!(strs(&changes.names), vec!["b"]);
+    assert_eq!(
+        changes.names.iter().map(|n| &**n).collect::<Vec<_>>(),
+        vec!["b"]
+    );
     assert!(
         matches!(store.lookup(CDS, "a"), Lookup::Present(r) if r.version == "v1"),
         "a must stay valid"
@@ -1251,7 +1254,14 @@ fn d09_wildcard_sync_not_inferred_from_answer_to_earlier_explicit_subscribe() {
 
     // The upstream answers the earlier "x" subscribe; "*" is still unsent.
     let changes = group
-        .apply_upstream(CDS, vec![res(CDS, "x", "1")], vec![])
+        .apply_upstream(
+            CDS,
+            adsrelay::xds::UpstreamUpdate {
+                resources: vec![res(CDS, "x", "1")],
+                removed: vec![],
+                ..Default::default()
+            },
+        )
         .unwrap();
     named.notify(&changes);
     assert_eq!(named.one(&group.store).versions(), map(&[("x", "1")]));
@@ -1269,7 +1279,14 @@ fn d09_wildcard_sync_not_inferred_from_answer_to_earlier_explicit_subscribe() {
         vec![(CDS.to_string(), vec![WILDCARD.to_string()], vec![])]
     );
     let changes = group
-        .apply_upstream(CDS, vec![res(CDS, "a", "v1"), res(CDS, "x", "1")], vec![])
+        .apply_upstream(
+            CDS,
+            adsrelay::xds::UpstreamUpdate {
+                resources: vec![res(CDS, "a", "v1"), res(CDS, "x", "1")],
+                removed: vec![],
+                ..Default::default()
+            },
+        )
         .unwrap();
     wild.notify(&changes);
     let removed: BTreeSet<String> = wild

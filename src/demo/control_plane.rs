@@ -17,7 +17,7 @@ use tonic::Status;
 use crate::downstream::{Mailbox, StreamHost};
 use crate::pb::core::Node;
 use crate::sync::lock;
-use crate::xds::{CachedResource, Name, RequestEffects, Store, StreamId, XdsRequest};
+use crate::xds::{CachedResource, Locator, RequestEffects, Store, StreamId, XdsRequest};
 
 /// What the control plane has seen, for tests and the demo's log.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -132,13 +132,15 @@ impl StreamHost for ControlPlane {
         }
     }
 
-    fn on_effects(&self, _: &(), _: StreamId, _: &RequestEffects) {}
+    fn on_effects(&self, _: &(), _: StreamId, _: &RequestEffects) -> u64 {
+        self.snapshot.borrow().seq()
+    }
 
     fn with_store<R>(&self, _: &(), f: impl FnOnce(&Store) -> R) -> R {
         f(&self.snapshot.borrow())
     }
 
-    fn close(&self, _: (), id: StreamId, _: Vec<(String, Name)>) {
+    fn close(&self, _: (), id: StreamId, _: Vec<(String, Locator)>) {
         self.streams.remove(&id);
         lock(&self.stats).active_streams -= 1;
     }

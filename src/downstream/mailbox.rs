@@ -3,8 +3,9 @@
 //! inbox is bounded: past a limit, a type collapses into "look at everything", so a client that does
 //! not read costs memory bounded by its subscriptions, never by the update rate.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::sync::Notify;
 
@@ -17,6 +18,8 @@ const MAX_QUEUED_CHANGE_SETS: usize = 64;
 struct Inbox {
     changes: Vec<Arc<ChangeSet>>,
     all: HashSet<String>,
+    /// Earliest upstream receipt among the change sets a collapsed type dropped.
+    all_since: HashMap<String, Instant>,
     /// The owner wants the stream ended with this status.
     close: Option<tonic::Status>,
 }
@@ -37,7 +40,17 @@ impl Mailbox {
                 inbox.changes.push(changes.clone());
             } else {
                 let type_url = changes.type_url.clone();
+                let earliest = inbox
+                    .changes
+                    .iter()
+                    .filter(|c| c.type_url == type_url)
+                    .filter_map(|c| c.received_at)
+                    .chain(changes.received_at)
+                    .min();
                 inbox.changes.retain(|c| c.type_url != type_url);
+                if let Some(t) = earliest {
+                    inbox.all_since.insert(type_url.clone(), t);
+                }
                 inbox.all.insert(type_url);
             }
         }
@@ -61,15 +74,32 @@ impl Mailbox {
     }
 
     /// Moves the pending notifications into the stream's state; returns whether there were any,
-    /// or the status to end the stream with.
-    pub fn drain_into<C: StreamCore>(&self, stream: &mut C) -> Result<bool, tonic::Status> {
+    /// or the status to end the stream with. `received` keeps, per type, the earliest upstream
+    /// receipt among the changes taken in (for the fan-out latency metric).
+    pub fn drain_into<C: StreamCore>(
+        &self,
+        stream: &mut C,
+        received: &mut HashMap<String, Instant>,
+    ) -> Result<bool, tonic::Status> {
         let inbox = std::mem::take(&mut *lock(&self.inbox));
         if let Some(status) = inbox.close {
             return Err(status);
         }
         let any = !inbox.changes.is_empty() || !inbox.all.is_empty();
+        let mut note = |type_url: &str, at: Instant| match received.get_mut(type_url) {
+            Some(t) => *t = (*t).min(at),
+            None => {
+                received.insert(type_url.to_string(), at);
+            }
+        };
         for c in &inbox.changes {
+            if let Some(at) = c.received_at {
+                note(&c.type_url, at);
+            }
             stream.on_change(c);
+        }
+        for (t, at) in inbox.all_since {
+            note(&t, at);
         }
         for t in &inbox.all {
             stream.mark_all_pending(t);
@@ -89,7 +119,7 @@ mod tests {
             mb.post(&Arc::new(ChangeSet {
                 type_url: "t".into(),
                 names: vec![i.to_string().into()],
-                wildcard_synced_now: false,
+                ..ChangeSet::default()
             }));
         }
         let inbox = lock(&mb.inbox);

@@ -6,4 +6,6 @@ pub mod services;
 pub mod stream;
 
 pub use mailbox::Mailbox;
-pub use stream::{serve, ResponseStream, StreamHost};
+pub use stream::{
+    serve, AckTimes, ClientEntry, Introspect, ResponseStream, StreamEvent, StreamHost,
+};

@@ -1,20 +1,28 @@
-//! The per-stream Delta xDS state machine (conformance section A), shared by the relay's downstream
-//! streams and the demo control plane. It is fed requests and change notifications and produces
-//! responses from a [`Store`]; it never blocks, reads a clock or touches a socket.
+//! The per-stream Delta xDS state machine (conformance sections A and E), shared by the relay's
+//! downstream streams and the demo control plane. It is fed requests and change notifications and
+//! produces responses from a [`Store`]; it never blocks, reads a clock or touches a socket.
 //!
-//! Per type it tracks what the client subscribed to, which version of each resource the client
-//! holds (as far as the relay knows), and which names need another look. Responses are built only
-//! when the adapter is ready to write, from the store's current content, so a slow client holds at
-//! most its pending name set, never a queue of outdated responses (D10).
+//! Per type it tracks what the client subscribed to (as [`Locator`]s: a name and the dynamic
+//! parameters it came with), which variant and version of each the client holds (as far as the
+//! relay knows), and which names need another look. Responses are built only when the adapter is
+//! ready to write, from the store's current content, so a slow client holds at most its pending
+//! name set, never a queue of outdated responses (D10).
+//!
+//! Subscriptions by plain name (`resource_names_subscribe`, and wildcards) use the stream's default
+//! parameters (empty, or derived from node metadata) and receive resources with `name` set (E10);
+//! subscriptions by `resource_locators_subscribe` receive `resource_name` with the variant's
+//! constraints, and variant removals as `removed_resource_names` (E9, E11).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::constraints::{params_of, ConstraintKey, Params};
 use super::interest::WILDCARD;
-use super::resource::Name;
+use super::resource::{CachedResource, Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
-use crate::pb::discovery::DeltaDiscoveryRequest;
+use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceError, ResourceName};
 use crate::pb::wire;
 
 /// A request the relay refuses; the adapter ends the stream with INVALID_ARGUMENT.
@@ -42,33 +50,82 @@ pub enum AckStatus {
     },
 }
 
-/// The effects of one request that reach beyond this stream: names to add to and remove from the
-/// group's interest and subscriber index.
+/// The effects of one request that reach beyond this stream: locators to add to and remove from
+/// the group's interest and subscriber index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestEffects {
     pub type_url: String,
-    pub acquire: Vec<Name>,
-    pub release: Vec<Name>,
+    pub acquire: Vec<Locator>,
+    pub release: Vec<Locator>,
     pub ack: AckStatus,
+}
+
+impl RequestEffects {
+    fn new(type_url: &str) -> Self {
+        RequestEffects {
+            type_url: type_url.to_string(),
+            acquire: Vec::new(),
+            release: Vec::new(),
+            ack: AckStatus::None,
+        }
+    }
+}
+
+/// The variant and version a client holds for one subscription.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Held {
+    pub version: String,
+    pub key: ConstraintKey,
+    /// The variant's constraints, to name it in `removed_resource_names`.
+    pub constraints: Option<crate::pb::discovery::DynamicParameterConstraints>,
+}
+
+impl Held {
+    fn of(r: &CachedResource) -> Self {
+        Held {
+            version: r.version.clone(),
+            key: r.key.clone(),
+            constraints: r.constraints.clone(),
+        }
+    }
+
+    fn is(&self, r: &CachedResource) -> bool {
+        self.version == r.version && self.key == r.key
+    }
 }
 
 #[derive(Debug, Default)]
 struct TypeState {
     wildcard: bool,
-    explicit: HashSet<Name>,
-    /// Versions the client holds, from our responses and its `initial_resource_versions`.
-    known: HashMap<Name, String>,
+    /// name -> parameter set -> subscribed by plain name (true) or by locator (false).
+    explicit: BTreeMap<Name, BTreeMap<Arc<Params>, bool>>,
+    /// What the client holds, from our responses and its `initial_resource_versions`.
+    known: HashMap<Locator, Held>,
     /// Names to evaluate at the next build.
     pending: BTreeSet<Name>,
     /// Evaluate every name of the type at the next build (wildcard start, wildcard sync).
     pending_all: bool,
-    /// Names that must be sent even if the client holds the current version (A6, A7).
-    forced: HashSet<Name>,
+    /// Subscriptions that must be sent even if the client holds the current version (A6, A7).
+    forced: HashSet<Locator>,
+    /// Store sequence at subscription time, for `do_not_cache` content (D2).
+    subscribed_at: HashMap<Locator, u64>,
+    /// Subscriptions made since the adapter last reported the store sequence.
+    unstamped: Vec<Locator>,
+    /// Resource errors already reported to the client (TP3: sent once).
+    errors_sent: HashSet<Name>,
     /// An initial wildcard request waits for a response even if it is empty (A2).
     owe_response: bool,
     last_nonce: Option<String>,
     last_ack: Option<String>,
     last_nack: Option<(String, String)>,
+}
+
+impl TypeState {
+    fn explicit_contains(&self, l: &Locator) -> bool {
+        self.explicit
+            .get(&l.name)
+            .is_some_and(|m| m.contains_key(&l.params))
+    }
 }
 
 /// Per-type ACK/NACK state, for logs and introspection.
@@ -86,6 +143,10 @@ pub struct TypeStatus {
 pub struct DeltaStream {
     types: BTreeMap<String, TypeState>,
     nonce_seq: u64,
+    /// Parameters for plain-name and wildcard subscriptions (TP2 migration from node metadata).
+    default_params: Arc<Params>,
+    /// Subscriptions whose `do_not_cache` content must be fetched again for this client (C3).
+    refetch: Vec<(String, Locator)>,
 }
 
 /// B14: clusters before endpoints before listeners before routes, so a client never sees a
@@ -102,9 +163,48 @@ pub(crate) fn type_rank(type_url: &str) -> u8 {
     }
 }
 
+/// One response under construction: deduplicated so no name (or variant) appears twice and none
+/// is both added and removed (A20).
+#[derive(Default)]
+struct Builder {
+    resources: Vec<Bytes>,
+    added: HashSet<(Name, ConstraintKey, bool)>,
+    removed: BTreeSet<String>,
+    removed_variants: Vec<ResourceName>,
+    errors: Vec<ResourceError>,
+}
+
+impl Builder {
+    fn add(&mut self, r: &CachedResource, by_name: bool) {
+        let key = if by_name {
+            ConstraintKey::default()
+        } else {
+            r.key.clone()
+        };
+        if self.added.insert((r.name.clone(), key, by_name)) {
+            self.resources.push(r.delta_bytes(by_name).clone());
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.resources.is_empty()
+            && self.removed.is_empty()
+            && self.removed_variants.is_empty()
+            && self.errors.is_empty()
+    }
+}
+
 impl DeltaStream {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A stream whose plain-name and wildcard subscriptions carry `params` (TP2 migration path).
+    pub fn with_default_params(params: Params) -> Self {
+        DeltaStream {
+            default_params: Arc::new(params),
+            ..Self::default()
+        }
     }
 
     pub fn on_request(
@@ -114,89 +214,106 @@ impl DeltaStream {
         if req.type_url.is_empty() {
             return Err(ProtocolError::MissingTypeUrl);
         }
-        let subscribe: Vec<&str> = req
+        let defaults = self.default_params.clone();
+        // (locator, by name)
+        let subscribe: Vec<(Locator, bool)> = req
             .resource_names_subscribe
             .iter()
-            .map(String::as_str)
-            .chain(
-                req.resource_locators_subscribe
-                    .iter()
-                    .map(|l| l.name.as_str()),
-            )
+            .map(|n| (Locator::with_params(n.as_str(), defaults.clone()), true))
+            .chain(req.resource_locators_subscribe.iter().map(|l| {
+                (
+                    Locator::with_params(l.name.as_str(), Arc::new(params_of(l))),
+                    false,
+                )
+            }))
             .collect();
-        let unsubscribe: Vec<&str> = req
+        let unsubscribe: Vec<Locator> = req
             .resource_names_unsubscribe
             .iter()
-            .map(String::as_str)
+            .map(|n| Locator::with_params(n.as_str(), defaults.clone()))
             .chain(
                 req.resource_locators_unsubscribe
                     .iter()
-                    .map(|l| l.name.as_str()),
+                    .map(|l| Locator::with_params(l.name.as_str(), Arc::new(params_of(l)))),
             )
             .collect();
 
-        let mut effects = RequestEffects {
-            type_url: req.type_url.clone(),
-            acquire: Vec::new(),
-            release: Vec::new(),
-            ack: AckStatus::None,
-        };
+        let mut effects = RequestEffects::new(&req.type_url);
         let first = !self.types.contains_key(&req.type_url);
         let ts = self.types.entry(req.type_url.clone()).or_default();
 
         if first {
             // A1: an empty first subscribe list is a legacy wildcard.
             if subscribe.is_empty() {
-                ts.start_wildcard(&mut effects);
+                Self::start_wildcard(ts, &mut effects);
             }
             // A11/A12/A14: the versions the client holds; they are not subscriptions.
             for (name, version) in &req.initial_resource_versions {
-                let name: Name = name.as_str().into();
-                ts.pending.insert(name.clone());
-                ts.known.insert(name, version.clone());
+                let l = Locator::with_params(name.as_str(), defaults.clone());
+                ts.pending.insert(l.name.clone());
+                ts.known.insert(
+                    l,
+                    Held {
+                        version: version.clone(),
+                        key: ConstraintKey::default(),
+                        constraints: None,
+                    },
+                );
             }
         }
-        for name in subscribe {
-            if name == WILDCARD {
-                ts.start_wildcard(&mut effects);
+        for (l, by_name) in subscribe {
+            if &*l.name == WILDCARD {
+                Self::start_wildcard(ts, &mut effects);
                 continue;
             }
-            let name: Name = name.into();
-            if ts.explicit.insert(name.clone()) {
-                effects.acquire.push(name.clone());
+            let params = ts.explicit.entry(l.name.clone()).or_default();
+            if params.insert(l.params.clone(), by_name).is_none() {
+                effects.acquire.push(l.clone());
+                ts.unstamped.push(l.clone());
             }
-            ts.pending.insert(name.clone());
+            ts.pending.insert(l.name.clone());
             // A7: resend even if the client has it — except on the first request of a stream,
             // where initial_resource_versions says what it has (A11).
-            if !(first && req.initial_resource_versions.contains_key(&*name)) {
-                ts.forced.insert(name);
+            if !(first && req.initial_resource_versions.contains_key(&*l.name)) {
+                ts.forced.insert(l);
             }
         }
-        for name in unsubscribe {
-            if name == WILDCARD {
+        for l in unsubscribe {
+            if &*l.name == WILDCARD {
                 if ts.wildcard {
                     ts.wildcard = false;
                     ts.owe_response = false;
-                    effects.release.push(WILDCARD.into());
+                    effects.release.push(Locator::plain(WILDCARD));
                     // A4: the client drops wildcard-only resources itself.
                     let explicit = &ts.explicit;
-                    ts.known.retain(|n, _| explicit.contains(n));
+                    ts.known.retain(|k, _| {
+                        explicit
+                            .get(&k.name)
+                            .is_some_and(|m| m.contains_key(&k.params))
+                    });
                 }
                 continue;
             }
             // A8: a name never subscribed is ignored.
-            let Some(name) = ts.explicit.take(name) else {
+            let Some(params) = ts.explicit.get_mut(&l.name) else {
                 continue;
             };
-            effects.release.push(name.clone());
-            if ts.wildcard {
+            if params.remove(&l.params).is_none() {
+                continue;
+            }
+            if params.is_empty() {
+                ts.explicit.remove(&l.name);
+            }
+            effects.release.push(l.clone());
+            ts.subscribed_at.remove(&l);
+            if ts.wildcard && l.params == defaults {
                 // A6: the client now holds it ambiguously; answer with the resource or a removal.
-                ts.pending.insert(name.clone());
-                ts.forced.insert(name);
+                ts.pending.insert(l.name.clone());
+                ts.forced.insert(l);
             } else {
                 // A9: no response needed; stop tracking so a later subscribe starts fresh.
-                ts.known.remove(&name);
-                ts.forced.remove(&name);
+                ts.known.remove(&l);
+                ts.forced.remove(&l);
             }
         }
 
@@ -216,6 +333,30 @@ impl DeltaStream {
             };
         }
         Ok(effects)
+    }
+
+    fn start_wildcard(ts: &mut TypeState, effects: &mut RequestEffects) {
+        if !ts.wildcard {
+            ts.wildcard = true;
+            effects.acquire.push(Locator::plain(WILDCARD));
+        }
+        ts.pending_all = true;
+        ts.owe_response = true;
+    }
+
+    /// The adapter applied this stream's latest subscriptions to the group when the store was at
+    /// `seq`: `do_not_cache` content that arrived before then is not for these subscriptions.
+    pub fn subscribed_at(&mut self, seq: u64) {
+        for ts in self.types.values_mut() {
+            for l in ts.unstamped.drain(..) {
+                ts.subscribed_at.insert(l, seq);
+            }
+        }
+    }
+
+    /// Subscriptions that need the upstream to send their `do_not_cache` content again.
+    pub fn take_refetch(&mut self) -> Vec<(String, Locator)> {
+        std::mem::take(&mut self.refetch)
     }
 
     /// Records that names of a type changed in the store. Types this stream never asked for are
@@ -260,59 +401,71 @@ impl DeltaStream {
 
     fn build(&mut self, type_url: &str, store: &Store) -> Option<wire::DeltaDiscoveryResponse> {
         let synced = store.wildcard_synced(type_url);
+        let defaults = self.default_params.clone();
         let ts = self.types.get_mut(type_url)?;
         let mut candidates = std::mem::take(&mut ts.pending);
         if ts.pending_all {
             ts.pending_all = false;
             if ts.wildcard {
-                candidates.extend(store.resources(type_url).map(|r| r.name.clone()));
+                candidates.extend(store.names(type_url).cloned());
             }
-            candidates.extend(ts.explicit.iter().cloned());
-            candidates.extend(ts.known.keys().cloned());
+            candidates.extend(ts.explicit.keys().cloned());
+            candidates.extend(ts.known.keys().map(|l| l.name.clone()));
         }
 
-        let mut resources: Vec<Bytes> = Vec::new();
-        let mut removed: Vec<String> = Vec::new();
+        let mut out = Builder::default();
         for name in candidates {
             if &*name == WILDCARD {
                 continue;
             }
-            let explicit = ts.explicit.contains(&name);
-            let covered = explicit || ts.wildcard;
-            let forced = ts.forced.contains(&name);
-            match store.lookup(type_url, &name) {
-                Lookup::Present(r) => {
-                    ts.forced.remove(&name);
-                    if covered && (forced || ts.known.get(&name) != Some(&r.version)) {
-                        resources.push(r.encoded.clone());
-                        ts.known.insert(name, r.version.clone());
-                    }
+            // Every subscription of this name on the stream: explicit ones, the wildcard's, and
+            // any the client still holds (to remove them if needed).
+            let mut subs: BTreeMap<Locator, (bool, bool)> = BTreeMap::new(); // -> (by_name, covered)
+            if let Some(params) = ts.explicit.get(&name) {
+                for (p, by_name) in params {
+                    subs.insert(
+                        Locator::with_params(name.clone(), p.clone()),
+                        (*by_name, true),
+                    );
                 }
-                Lookup::Absent => {
-                    ts.forced.remove(&name);
-                    // A10/A12: tell the client, once, that it does not exist.
-                    if covered && (forced || ts.known.contains_key(&name)) {
-                        ts.known.remove(&name);
-                        removed.push(name.to_string());
-                    }
+            }
+            let wild = Locator::with_params(name.clone(), defaults.clone());
+            let wild_explicit = subs.contains_key(&wild);
+            if ts.wildcard {
+                subs.entry(wild.clone()).or_insert((true, true));
+            }
+            for l in ts.known.keys().chain(ts.forced.iter()) {
+                if l.name == name {
+                    subs.entry(l.clone())
+                        .or_insert((l.params == defaults, false));
                 }
-                Lookup::Unknown => {
-                    // Only a synced wildcard makes a missing name authoritative (A12, D9);
-                    // otherwise wait for the upstream.
-                    let gone = ts.wildcard && !explicit && synced;
-                    if gone && (forced || ts.known.contains_key(&name)) {
-                        ts.forced.remove(&name);
-                        ts.known.remove(&name);
-                        removed.push(name.to_string());
-                    } else if !covered {
-                        ts.forced.remove(&name);
-                    }
+            }
+            for (l, (by_name, covered)) in subs {
+                Self::evaluate(
+                    ts,
+                    type_url,
+                    store,
+                    synced,
+                    &l,
+                    by_name,
+                    covered,
+                    wild_explicit,
+                    &mut out,
+                    &mut self.refetch,
+                );
+            }
+            // TP3: report an upstream error for a subscribed name once, until the resource arrives.
+            if let Some(err) = store.error(type_url, &name) {
+                if ts.explicit.contains_key(&name) && ts.errors_sent.insert(name.clone()) {
+                    out.errors.push(err.clone());
                 }
+            } else {
+                ts.errors_sent.remove(&name);
             }
         }
 
         let answer_owed = ts.owe_response && synced;
-        if resources.is_empty() && removed.is_empty() && !answer_owed {
+        if out.is_empty() && !answer_owed {
             return None;
         }
         ts.owe_response = false;
@@ -321,25 +474,116 @@ impl DeltaStream {
         ts.last_nonce = Some(nonce.clone());
         Some(wire::DeltaDiscoveryResponse {
             type_url: type_url.to_string(),
-            resources,
-            removed_resources: removed,
+            resources: out.resources,
+            removed_resources: out.removed.into_iter().collect(),
+            removed_resource_names: out.removed_variants,
+            resource_errors: out.errors,
             nonce,
             ..Default::default()
         })
     }
 
-    /// Every subscription this stream holds (explicit names and `"*"`), to release when it ends.
-    pub fn subscriptions(&self) -> Vec<(String, Name)> {
-        self.types
-            .iter()
-            .flat_map(|(t, ts)| {
-                ts.explicit
-                    .iter()
-                    .cloned()
-                    .chain(ts.wildcard.then(|| Name::from(WILDCARD)))
-                    .map(move |n| (t.clone(), n))
-            })
-            .collect()
+    /// Decides what one subscription gets now.
+    #[allow(clippy::too_many_arguments)]
+    fn evaluate(
+        ts: &mut TypeState,
+        type_url: &str,
+        store: &Store,
+        synced: bool,
+        l: &Locator,
+        by_name: bool,
+        covered: bool,
+        wild_explicit: bool,
+        out: &mut Builder,
+        refetch: &mut Vec<(String, Locator)>,
+    ) {
+        let forced = ts.forced.contains(l);
+        let remove = |ts: &mut TypeState, out: &mut Builder| {
+            match ts.known.remove(l) {
+                Some(Held {
+                    constraints: Some(c),
+                    ..
+                }) if !by_name => out.removed_variants.push(ResourceName {
+                    name: l.name.to_string(),
+                    dynamic_parameter_constraints: Some(c),
+                }),
+                _ => {
+                    out.removed.insert(l.name.to_string());
+                }
+            }
+            ts.forced.remove(l);
+        };
+        match store.lookup_for(type_url, &l.name, &l.params) {
+            Lookup::Present(r) => {
+                if !covered {
+                    ts.forced.remove(l);
+                    return;
+                }
+                let held = ts.known.get(l);
+                if r.do_not_cache && !held.is_some_and(|h| h.is(r)) {
+                    // D2: only for subscriptions that were waiting when it arrived.
+                    let since = ts.subscribed_at.get(l).copied().unwrap_or(u64::MAX);
+                    if r.arrival <= since {
+                        refetch.push((type_url.to_string(), l.clone()));
+                        return;
+                    }
+                }
+                if forced || !held.is_some_and(|h| h.is(r)) {
+                    // E14: a locator subscriber switching variants is told the old one is gone.
+                    if let Some(Held {
+                        key,
+                        constraints: Some(c),
+                        ..
+                    }) = held
+                    {
+                        if !by_name && *key != r.key {
+                            out.removed_variants.push(ResourceName {
+                                name: l.name.to_string(),
+                                dynamic_parameter_constraints: Some(c.clone()),
+                            });
+                        }
+                    }
+                    out.add(r, by_name);
+                    ts.known.insert(l.clone(), Held::of(r));
+                }
+                ts.forced.remove(l);
+            }
+            Lookup::Absent => {
+                // A10/A12: tell the client, once, that it does not exist.
+                if covered && (forced || ts.known.contains_key(l)) {
+                    remove(ts, out);
+                } else {
+                    ts.forced.remove(l);
+                }
+            }
+            Lookup::Unknown => {
+                // Only a synced wildcard makes a missing name authoritative (A12, D9);
+                // otherwise wait for the upstream.
+                let via_wildcard =
+                    ts.wildcard && by_name && !wild_explicit && !ts.explicit_contains(l);
+                if via_wildcard && synced && (forced || ts.known.contains_key(l)) {
+                    remove(ts, out);
+                } else if !covered && !ts.wildcard {
+                    ts.forced.remove(l);
+                }
+            }
+        }
+    }
+
+    /// Every subscription this stream holds (explicit locators and `"*"`), to release when it ends.
+    pub fn subscriptions(&self) -> Vec<(String, Locator)> {
+        let mut out = Vec::new();
+        for (t, ts) in &self.types {
+            for (name, params) in &ts.explicit {
+                for p in params.keys() {
+                    out.push((t.clone(), Locator::with_params(name.clone(), p.clone())));
+                }
+            }
+            if ts.wildcard {
+                out.push((t.clone(), Locator::plain(WILDCARD)));
+            }
+        }
+        out
     }
 
     /// Whether this stream is wildcard-subscribed to a type.
@@ -347,12 +591,57 @@ impl DeltaStream {
         self.types.get(type_url).is_some_and(|t| t.wildcard)
     }
 
-    /// The version of `name` the client holds, as the relay believes.
+    /// The version of `name` the client holds (by plain name), as the relay believes.
     pub fn known_version(&self, type_url: &str, name: &str) -> Option<&str> {
+        let l = Locator::with_params(name, self.default_params.clone());
         self.types
             .get(type_url)
-            .and_then(|t| t.known.get(name))
-            .map(String::as_str)
+            .and_then(|t| t.known.get(&l))
+            .map(|h| h.version.as_str())
+    }
+
+    /// Every (type_url, locator, held) the client holds, for client status reporting.
+    pub fn held(&self) -> impl Iterator<Item = (&str, &Locator, &Held)> {
+        self.types
+            .iter()
+            .flat_map(|(t, ts)| ts.known.iter().map(move |(l, h)| (t.as_str(), l, h)))
+    }
+
+    /// Per-type state for the admin API and CSDS; `resources` adds what the client holds and what
+    /// it still waits for.
+    pub fn snapshot(&self, resources: bool) -> Vec<super::stream::TypeSnapshot> {
+        self.types
+            .iter()
+            .map(|(t, ts)| super::stream::TypeSnapshot {
+                type_url: t.clone(),
+                wildcard: ts.wildcard,
+                subscribed: ts.explicit.values().map(BTreeMap::len).sum(),
+                held: ts.known.len(),
+                last_nonce: ts.last_nonce.clone(),
+                last_ack: ts.last_ack.clone(),
+                last_nack: ts.last_nack.clone(),
+                resources: if resources {
+                    let mut v: Vec<(Name, String)> = ts
+                        .known
+                        .iter()
+                        .map(|(l, h)| (l.name.clone(), h.version.clone()))
+                        .collect();
+                    v.sort();
+                    v
+                } else {
+                    Vec::new()
+                },
+                waiting: if resources {
+                    ts.explicit
+                        .keys()
+                        .filter(|n| !ts.known.keys().any(|l| &l.name == *n))
+                        .cloned()
+                        .collect()
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect()
     }
 
     pub fn status(&self) -> Vec<TypeStatus> {
@@ -361,22 +650,11 @@ impl DeltaStream {
             .map(|(t, ts)| TypeStatus {
                 type_url: t.clone(),
                 wildcard: ts.wildcard,
-                explicit: ts.explicit.len(),
+                explicit: ts.explicit.values().map(BTreeMap::len).sum(),
                 last_nonce: ts.last_nonce.clone(),
                 last_ack: ts.last_ack.clone(),
                 last_nack: ts.last_nack.clone(),
             })
             .collect()
-    }
-}
-
-impl TypeState {
-    fn start_wildcard(&mut self, effects: &mut RequestEffects) {
-        if !self.wildcard {
-            self.wildcard = true;
-            effects.acquire.push(WILDCARD.into());
-        }
-        self.pending_all = true;
-        self.owe_response = true;
     }
 }

@@ -5,12 +5,10 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use super::delta::RequestEffects;
 use super::interest::{Interest, UpstreamChange, WILDCARD};
-use super::resource::Name;
-use super::store::{ApplyError, ChangeSet, Store};
+use super::resource::{Locator, Name};
+use super::store::{ApplyError, ChangeSet, Store, UpstreamUpdate};
 
 /// Identifies a downstream stream within the process.
 pub type StreamId = u64;
@@ -19,8 +17,9 @@ pub type StreamId = u64;
 pub struct GroupState {
     pub store: Store,
     pub interest: Interest,
-    /// type_url -> name (or `"*"`) -> streams subscribed to it.
-    index: HashMap<String, HashMap<Name, HashSet<StreamId>>>,
+    /// type_url -> name (or `"*"`) -> streams subscribed to it, with how many of their locators
+    /// carry that name.
+    index: HashMap<String, HashMap<Name, HashMap<StreamId, u32>>>,
 }
 
 impl GroupState {
@@ -32,45 +31,61 @@ impl GroupState {
         }
     }
 
-    /// Applies a stream's subscription changes to the interest and the index.
-    pub fn apply_effects(&mut self, stream: StreamId, effects: &RequestEffects, now: Instant) {
+    /// Applies a stream's subscription changes to the interest and the index. Returns the store's
+    /// sequence number, so the stream can tell later deliveries from what was already there.
+    pub fn apply_effects(
+        &mut self,
+        stream: StreamId,
+        effects: &RequestEffects,
+        now: Instant,
+    ) -> u64 {
         let by_name = self.index.entry(effects.type_url.clone()).or_default();
-        for name in &effects.acquire {
-            if by_name.entry(name.clone()).or_default().insert(stream) {
-                self.interest.acquire(&effects.type_url, name);
+        for l in &effects.acquire {
+            *by_name
+                .entry(l.name.clone())
+                .or_default()
+                .entry(stream)
+                .or_default() += 1;
+            self.interest.acquire(&effects.type_url, l);
+        }
+        for l in &effects.release {
+            if Self::unindex(by_name, &l.name, stream) {
+                self.interest.release(&effects.type_url, l, now);
             }
         }
-        for name in &effects.release {
-            if Self::unindex(by_name, name, stream) {
-                self.interest.release(&effects.type_url, name, now);
-            }
-        }
+        self.store.seq()
     }
 
     /// A stream ended: release everything it held (F9).
-    pub fn remove_stream(&mut self, stream: StreamId, held: &[(String, Name)], now: Instant) {
-        for (type_url, name) in held {
+    pub fn remove_stream(&mut self, stream: StreamId, held: &[(String, Locator)], now: Instant) {
+        for (type_url, l) in held {
             if let Some(by_name) = self.index.get_mut(type_url) {
-                if Self::unindex(by_name, name, stream) {
-                    self.interest.release(type_url, name, now);
+                if Self::unindex(by_name, &l.name, stream) {
+                    self.interest.release(type_url, l, now);
                 }
             }
         }
     }
 
     fn unindex(
-        by_name: &mut HashMap<Name, HashSet<StreamId>>,
+        by_name: &mut HashMap<Name, HashMap<StreamId, u32>>,
         name: &Name,
         stream: StreamId,
     ) -> bool {
         let Some(streams) = by_name.get_mut(name) else {
             return false;
         };
-        let removed = streams.remove(&stream);
+        let Some(count) = streams.get_mut(&stream) else {
+            return false;
+        };
+        *count -= 1;
+        if *count == 0 {
+            streams.remove(&stream);
+        }
         if streams.is_empty() {
             by_name.remove(name);
         }
-        removed
+        true
     }
 
     /// The streams that must look at a change set: subscribers of the changed names and every
@@ -85,7 +100,7 @@ impl GroupState {
             .map(|n| &**n)
             .chain(std::iter::once(WILDCARD))
             .filter_map(|n| by_name.get(n))
-            .flatten()
+            .flat_map(|m| m.keys())
             .copied()
             .collect()
     }
@@ -95,14 +110,14 @@ impl GroupState {
     pub fn apply_upstream(
         &mut self,
         type_url: &str,
-        resources: Vec<Bytes>,
-        removed: Vec<String>,
+        update: UpstreamUpdate,
     ) -> Result<ChangeSet, ApplyError> {
         let wildcard = self.interest.is_wildcard(type_url);
         let wildcard_answered = wildcard && self.interest.wildcard_sent(type_url);
-        let mut changes =
-            self.store
-                .apply_delta(type_url, resources, removed, wildcard_answered)?;
+        let mut changes = self.store.apply(type_url, update, wildcard_answered)?;
+        for n in &changes.names {
+            self.interest.received(type_url, n);
+        }
         if !wildcard {
             let interest = &self.interest;
             let store = &mut self.store;
@@ -117,15 +132,22 @@ impl GroupState {
         Ok(changes)
     }
 
+    /// A stream needs the upstream to send `locator` again (C3).
+    pub fn refetch(&mut self, type_url: &str, locator: &Locator, now: Instant) {
+        self.interest.refetch(type_url, locator, now);
+    }
+
     /// Ends expired lingers and drops what the store holds for names no longer subscribed upstream.
     pub fn expire(&mut self, now: Instant) {
-        for (type_url, name) in self.interest.expire(now) {
-            if &*name == WILDCARD {
+        for (type_url, l) in self.interest.expire(now) {
+            if &*l.name == WILDCARD {
                 let interest = &self.interest;
                 self.store
                     .forget_wildcard(&type_url, |n| interest.wants(&type_url, n));
-            } else if !self.interest.is_wildcard(&type_url) {
-                self.store.forget(&type_url, &name);
+            } else if !self.interest.is_wildcard(&type_url)
+                && !self.interest.wants(&type_url, &l.name)
+            {
+                self.store.forget(&type_url, &l.name);
             }
         }
     }
@@ -134,11 +156,18 @@ impl GroupState {
         self.interest.take_changes()
     }
 
+    /// Downstream subscriptions per type: (stream, name-or-`"*"`) pairs (for metrics).
+    pub fn subscriptions_by_type(&self) -> impl Iterator<Item = (&str, usize)> {
+        self.index
+            .iter()
+            .map(|(t, by_name)| (t.as_str(), by_name.values().map(|s| s.len()).sum()))
+    }
+
     /// Number of streams subscribed to `name` (for tests and introspection).
     pub fn subscribers(&self, type_url: &str, name: &str) -> usize {
         self.index
             .get(type_url)
             .and_then(|m| m.get(name))
-            .map_or(0, HashSet::len)
+            .map_or(0, HashMap::len)
     }
 }

@@ -1,33 +1,58 @@
 //! The refcounted union of downstream interest in one aggregation group, and the upstream
-//! subscription changes it implies (C1, C2, C15). The wildcard is the name `"*"`, counted like any
-//! other. Time is passed in, so the unsubscribe linger is testable without a clock.
+//! subscription changes it implies (C1, C2, C15, E13). Interest is counted per [`Locator`] (name
+//! and exact parameter set); the wildcard is the plain name `"*"`, counted like any other. Time is
+//! passed in, so the unsubscribe linger and the refetch fallback are testable without a clock.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use super::resource::Name;
+use super::resource::{Locator, Name};
 
 pub const WILDCARD: &str = "*";
 
+/// How long a forced re-send (C3) may take before the relay falls back to unsubscribe+subscribe,
+/// for upstreams that do not resend on a repeated subscribe (go-control-plane).
+pub const REFETCH_FALLBACK: Duration = Duration::from_secs(2);
+
 #[derive(Debug, Default)]
 struct TypeInterest {
-    refs: HashMap<Name, u32>,
-    /// Names nobody wants any more, kept subscribed upstream until the deadline (C15).
-    lingering: HashMap<Name, Instant>,
+    refs: HashMap<Locator, u32>,
+    /// Locators per name, for `wants(name)`.
+    names: HashMap<Name, u32>,
+    /// Locators nobody wants any more, kept subscribed upstream until the deadline (C15).
+    lingering: HashMap<Locator, Instant>,
     /// Changes not yet sent upstream.
-    subscribe: BTreeSet<Name>,
-    unsubscribe: BTreeSet<Name>,
+    subscribe: BTreeSet<Locator>,
+    unsubscribe: BTreeSet<Locator>,
+    /// Refetches (C3) waiting for the upstream to resend, with their fallback deadline.
+    refetching: HashMap<Locator, Instant>,
+    /// Fallback refetches: unsubscribe, then subscribe again, in two requests.
+    resubscribe: BTreeSet<Locator>,
     /// `"*"` has been sent upstream (on the current stream): only responses after that can count
     /// as the wildcard's answer (D9).
     wildcard_sent: bool,
+}
+
+impl TypeInterest {
+    fn held(&self, l: &Locator) -> bool {
+        self.refs.contains_key(l) || self.lingering.contains_key(l)
+    }
+
+    fn count_name(&mut self, name: &Name, delta: i32) {
+        let c = self.names.entry(name.clone()).or_insert(0);
+        *c = c.saturating_add_signed(delta);
+        if *c == 0 {
+            self.names.remove(name);
+        }
+    }
 }
 
 /// Subscription changes for one type, ready to become a `DeltaDiscoveryRequest`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UpstreamChange {
     pub type_url: String,
-    pub subscribe: Vec<Name>,
-    pub unsubscribe: Vec<Name>,
+    pub subscribe: Vec<Locator>,
+    pub unsubscribe: Vec<Locator>,
 }
 
 #[derive(Debug, Default)]
@@ -44,124 +69,181 @@ impl Interest {
         }
     }
 
-    /// One more downstream subscriber wants `name`. Only the first one (that is not already kept by
-    /// the linger) causes an upstream subscribe.
-    pub fn acquire(&mut self, type_url: &str, name: &Name) {
+    /// One more downstream subscriber wants `locator`. Only the first one (that is not already kept
+    /// by the linger) causes an upstream subscribe.
+    pub fn acquire(&mut self, type_url: &str, locator: &Locator) {
         let ti = self.types.entry(type_url.to_string()).or_default();
-        let count = ti.refs.entry(name.clone()).or_insert(0);
+        let count = ti.refs.entry(locator.clone()).or_insert(0);
         *count += 1;
-        if *count == 1 && ti.lingering.remove(name).is_none() && !ti.unsubscribe.remove(name) {
-            ti.subscribe.insert(name.clone());
+        if *count > 1 {
+            return;
+        }
+        if ti.lingering.remove(locator).is_none() {
+            ti.count_name(&locator.name, 1);
+            if !ti.unsubscribe.remove(locator) {
+                ti.subscribe.insert(locator.clone());
+            }
         }
     }
 
-    /// One downstream subscriber left `name`. The last one starts the linger (or unsubscribes at
-    /// once with a zero linger). Releasing a name that is not held is ignored.
-    pub fn release(&mut self, type_url: &str, name: &Name, now: Instant) {
+    /// One downstream subscriber left `locator`. The last one starts the linger (or unsubscribes
+    /// at once with a zero linger). Releasing a locator that is not held is ignored.
+    pub fn release(&mut self, type_url: &str, locator: &Locator, now: Instant) {
         let Some(ti) = self.types.get_mut(type_url) else {
             return;
         };
-        let Some(count) = ti.refs.get_mut(name) else {
+        let Some(count) = ti.refs.get_mut(locator) else {
             return;
         };
         *count -= 1;
         if *count > 0 {
             return;
         }
-        ti.refs.remove(name);
+        ti.refs.remove(locator);
         if self.linger.is_zero() {
-            Self::drop_upstream(ti, name);
+            Self::drop_upstream(ti, locator);
         } else {
-            ti.lingering.insert(name.clone(), now + self.linger);
+            ti.lingering.insert(locator.clone(), now + self.linger);
         }
     }
 
-    fn drop_upstream(ti: &mut TypeInterest, name: &Name) {
+    fn drop_upstream(ti: &mut TypeInterest, locator: &Locator) {
+        ti.count_name(&locator.name, -1);
+        ti.refetching.remove(locator);
+        ti.resubscribe.remove(locator);
         // A subscribe that never went out needs no unsubscribe.
-        if !ti.subscribe.remove(name) {
-            ti.unsubscribe.insert(name.clone());
+        if !ti.subscribe.remove(locator) {
+            ti.unsubscribe.insert(locator.clone());
         }
     }
 
-    /// Ends lingers that have expired. Returns the names whose upstream subscription now lapses, so
-    /// the caller can drop what it holds for them.
-    pub fn expire(&mut self, now: Instant) -> Vec<(String, Name)> {
+    /// The relay holds `locator` upstream but must see its content again (a `do_not_cache`
+    /// resource for a new subscriber, C3, D2): subscribe again, which a conforming upstream
+    /// answers with a resend; if nothing arrives by the fallback deadline, `expire` turns it into
+    /// an unsubscribe followed by a subscribe.
+    pub fn refetch(&mut self, type_url: &str, locator: &Locator, now: Instant) {
+        let Some(ti) = self.types.get_mut(type_url) else {
+            return;
+        };
+        if !ti.held(locator) || ti.refetching.contains_key(locator) {
+            return;
+        }
+        ti.subscribe.insert(locator.clone());
+        ti.refetching
+            .insert(locator.clone(), now + REFETCH_FALLBACK);
+    }
+
+    /// The upstream sent `name`: refetches of it are satisfied.
+    pub fn received(&mut self, type_url: &str, name: &str) {
+        if let Some(ti) = self.types.get_mut(type_url) {
+            if !ti.refetching.is_empty() {
+                ti.refetching.retain(|l, _| &*l.name != name);
+            }
+        }
+    }
+
+    /// Ends expired lingers and refetch waits. Returns the locators whose upstream subscription now
+    /// lapses, so the caller can drop what it holds for them.
+    pub fn expire(&mut self, now: Instant) -> Vec<(String, Locator)> {
         let mut lapsed = Vec::new();
         for (type_url, ti) in self.types.iter_mut() {
-            let expired: Vec<Name> = ti
+            let expired: Vec<Locator> = ti
                 .lingering
                 .iter()
                 .filter(|(_, deadline)| **deadline <= now)
-                .map(|(n, _)| n.clone())
+                .map(|(l, _)| l.clone())
                 .collect();
-            for name in expired {
-                ti.lingering.remove(&name);
-                Self::drop_upstream(ti, &name);
-                lapsed.push((type_url.clone(), name));
+            for l in expired {
+                ti.lingering.remove(&l);
+                Self::drop_upstream(ti, &l);
+                lapsed.push((type_url.clone(), l));
+            }
+            let stuck: Vec<Locator> = ti
+                .refetching
+                .iter()
+                .filter(|(_, deadline)| **deadline <= now)
+                .map(|(l, _)| l.clone())
+                .collect();
+            for l in stuck {
+                ti.refetching.remove(&l);
+                ti.resubscribe.insert(l);
             }
         }
         lapsed
     }
 
-    /// The earliest linger deadline, so the adapter knows when to call `expire`.
+    /// The earliest linger or refetch deadline, so the adapter knows when to call `expire`.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.types
             .values()
-            .flat_map(|t| t.lingering.values())
+            .flat_map(|t| t.lingering.values().chain(t.refetching.values()))
             .min()
             .copied()
     }
 
-    /// Takes the subscription changes that have not been sent upstream yet.
+    /// Takes the subscription changes that have not been sent upstream yet, in the order they must
+    /// be sent (a fallback refetch is an unsubscribe request, then a subscribe request).
     pub fn take_changes(&mut self) -> Vec<UpstreamChange> {
-        self.types
-            .iter_mut()
-            .filter(|(_, t)| !t.subscribe.is_empty() || !t.unsubscribe.is_empty())
-            .map(|(type_url, t)| {
-                if t.subscribe.contains(WILDCARD) {
-                    t.wildcard_sent = true;
-                }
-                if t.unsubscribe.contains(WILDCARD) {
-                    t.wildcard_sent = false;
-                }
-                UpstreamChange {
+        let mut out = Vec::new();
+        for (type_url, t) in self.types.iter_mut() {
+            let resubscribe = std::mem::take(&mut t.resubscribe);
+            if !resubscribe.is_empty() {
+                out.push(UpstreamChange {
                     type_url: type_url.clone(),
-                    subscribe: std::mem::take(&mut t.subscribe).into_iter().collect(),
-                    unsubscribe: std::mem::take(&mut t.unsubscribe).into_iter().collect(),
-                }
-            })
-            .collect()
+                    subscribe: vec![],
+                    unsubscribe: resubscribe.iter().cloned().collect(),
+                });
+                t.subscribe.extend(resubscribe);
+            }
+            if t.subscribe.is_empty() && t.unsubscribe.is_empty() {
+                continue;
+            }
+            if t.subscribe.iter().any(|l| &*l.name == WILDCARD) {
+                t.wildcard_sent = true;
+            }
+            if t.unsubscribe.iter().any(|l| &*l.name == WILDCARD) {
+                t.wildcard_sent = false;
+            }
+            out.push(UpstreamChange {
+                type_url: type_url.clone(),
+                subscribe: std::mem::take(&mut t.subscribe).into_iter().collect(),
+                unsubscribe: std::mem::take(&mut t.unsubscribe).into_iter().collect(),
+            });
+        }
+        out
     }
 
-    /// For a new upstream stream: per type, every name wanted now (held or lingering), in order.
+    /// For a new upstream stream: per type, every locator wanted now (held or lingering), in order.
     /// Pending changes are folded in, since the new stream starts from this full set (C4).
-    pub fn resubscribe_all(&mut self) -> Vec<(String, Vec<Name>)> {
+    pub fn resubscribe_all(&mut self) -> Vec<(String, Vec<Locator>)> {
         let mut out = Vec::new();
         for (type_url, ti) in self.types.iter_mut() {
             ti.subscribe.clear();
             ti.unsubscribe.clear();
-            let names: BTreeSet<Name> =
+            ti.resubscribe.clear();
+            ti.refetching.clear();
+            let all: BTreeSet<Locator> =
                 ti.refs.keys().chain(ti.lingering.keys()).cloned().collect();
-            ti.wildcard_sent = names.contains(WILDCARD);
-            if !names.is_empty() {
-                out.push((type_url.clone(), names.into_iter().collect()));
+            ti.wildcard_sent = all.iter().any(|l| &*l.name == WILDCARD);
+            if !all.is_empty() {
+                out.push((type_url.clone(), all.into_iter().collect()));
             }
         }
         out
     }
 
-    /// Whether the upstream subscription for `name` is (or will be) held.
+    /// Whether any subscription for `name` is (or will be) held upstream.
     pub fn wants(&self, type_url: &str, name: &str) -> bool {
         self.types
             .get(type_url)
-            .is_some_and(|t| t.refs.contains_key(name) || t.lingering.contains_key(name))
+            .is_some_and(|t| t.names.contains_key(name))
     }
 
     /// Whether anything of this type is subscribed upstream.
     pub fn has_type(&self, type_url: &str) -> bool {
         self.types
             .get(type_url)
-            .is_some_and(|t| !t.refs.is_empty() || !t.lingering.is_empty())
+            .is_some_and(|t| !t.names.is_empty())
     }
 
     /// Whether `"*"` has gone out upstream, so a response now may be the wildcard's answer.
@@ -173,16 +255,32 @@ impl Interest {
         self.wants(type_url, WILDCARD)
     }
 
-    /// Number of downstream references to `name` (for introspection and tests).
-    pub fn refcount(&self, type_url: &str, name: &str) -> u32 {
+    /// Number of downstream references to `locator` (for introspection and tests).
+    pub fn refcount(&self, type_url: &str, locator: &Locator) -> u32 {
         self.types
             .get(type_url)
-            .and_then(|t| t.refs.get(name))
+            .and_then(|t| t.refs.get(locator))
             .copied()
             .unwrap_or(0)
     }
 
-    /// Distinct names (including `"*"`) subscribed upstream, summed over types.
+    /// Per type: (locators held upstream including lingering ones, whether `"*"` is one of them),
+    /// for introspection.
+    pub fn upstream_subscriptions_by_type(&self) -> Vec<(String, usize, bool)> {
+        self.types
+            .iter()
+            .map(|(t, ti)| {
+                (
+                    t.clone(),
+                    ti.refs.len() + ti.lingering.len(),
+                    ti.names.contains_key(WILDCARD),
+                )
+            })
+            .filter(|(_, n, _)| *n > 0)
+            .collect()
+    }
+
+    /// Distinct locators (including `"*"`) subscribed upstream, summed over types.
     pub fn upstream_subscription_count(&self) -> usize {
         self.types
             .values()
@@ -195,11 +293,12 @@ impl Interest {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::sync::Arc;
 
     const T: &str = "eds";
 
-    fn n(s: &str) -> Name {
-        s.into()
+    fn n(s: &str) -> Locator {
+        Locator::plain(s)
     }
 
     #[test]
@@ -226,6 +325,27 @@ mod tests {
     }
 
     #[test]
+    fn each_distinct_parameter_set_is_one_upstream_locator() {
+        let mut i = Interest::new(Duration::ZERO);
+        let prod = Locator::with_params(
+            "foo",
+            Arc::new([("env".to_string(), "prod".to_string())].into()),
+        );
+        let test = Locator::with_params(
+            "foo",
+            Arc::new([("env".to_string(), "test".to_string())].into()),
+        );
+        i.acquire(T, &prod);
+        i.acquire(T, &prod.clone());
+        i.acquire(T, &test);
+        let c = i.take_changes();
+        assert_eq!(c[0].subscribe, vec![prod.clone(), test.clone()]);
+        i.release(T, &test, Instant::now());
+        assert_eq!(i.take_changes()[0].unsubscribe, vec![test]);
+        assert!(i.wants(T, "foo"));
+    }
+
+    #[test]
     fn linger_absorbs_quick_resubscribe() {
         let t0 = Instant::now();
         let mut i = Interest::new(Duration::from_secs(5));
@@ -245,6 +365,34 @@ mod tests {
     }
 
     #[test]
+    fn refetch_resubscribes_then_falls_back_to_unsubscribe_subscribe() {
+        let t0 = Instant::now();
+        let mut i = Interest::new(Duration::ZERO);
+        i.acquire(T, &n("foo"));
+        i.take_changes();
+        i.refetch(T, &n("foo"), t0);
+        assert_eq!(i.take_changes()[0].subscribe, vec![n("foo")]);
+        // Nothing arrives: after the fallback deadline, unsubscribe and subscribe, in that order.
+        i.expire(t0 + REFETCH_FALLBACK);
+        let c = i.take_changes();
+        assert_eq!(c.len(), 2);
+        assert_eq!(
+            (c[0].unsubscribe.clone(), c[0].subscribe.clone()),
+            (vec![n("foo")], vec![])
+        );
+        assert_eq!(
+            (c[1].unsubscribe.clone(), c[1].subscribe.clone()),
+            (vec![], vec![n("foo")])
+        );
+        // A refetch the upstream answers needs no fallback.
+        i.refetch(T, &n("foo"), t0);
+        i.take_changes();
+        i.received(T, "foo");
+        i.expire(t0 + REFETCH_FALLBACK * 2);
+        assert!(i.take_changes().is_empty());
+    }
+
+    #[test]
     fn subscribe_then_unsubscribe_before_send_cancels_out() {
         let mut i = Interest::new(Duration::ZERO);
         i.acquire(T, &n("a"));
@@ -254,7 +402,7 @@ mod tests {
 
     proptest! {
         /// Whatever the interleaving, the changes sent upstream always describe exactly the set of
-        /// names with a positive refcount.
+        /// locators with a positive refcount.
         #[test]
         fn upstream_view_equals_refcounted_union(ops in proptest::collection::vec((0u8..4, any::<bool>()), 0..200)) {
             let now = Instant::now();
@@ -275,7 +423,7 @@ mod tests {
                     for u in c.unsubscribe { prop_assert!(upstream.remove(&u)); }
                 }
             }
-            let want: BTreeSet<Name> = (0..4).filter(|k| counts[*k] > 0).map(|k| n(&k.to_string())).collect();
+            let want: BTreeSet<Locator> = (0..4).filter(|k| counts[*k] > 0).map(|k| n(&k.to_string())).collect();
             prop_assert_eq!(upstream, want);
         }
     }

@@ -6,11 +6,58 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use prost::Message;
 
+use super::constraints::{self, ConstraintKey, Params};
+use crate::pb::discovery::{DynamicParameterConstraints, ResourceName};
 use crate::pb::wire::ResourceHeader;
 
 /// Resource names are shared by the store, every subscriber index and every pending set, so they are
 /// reference counted rather than copied per client.
 pub type Name = Arc<str>;
+
+/// What a client subscribes to: a name and the dynamic parameters it subscribed with (empty for a
+/// plain `resource_names_subscribe` entry). Equal parameter sets compare equal, so upstream
+/// interest is deduplicated by exact set (E13).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Locator {
+    pub name: Name,
+    pub params: Arc<Params>,
+}
+
+/// `name`, or `name{k=v,...}` with parameters (logs, tests).
+impl std::fmt::Display for Locator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)?;
+        if !self.params.is_empty() {
+            let params: Vec<String> = self
+                .params
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            write!(f, "{{{}}}", params.join(","))?;
+        }
+        Ok(())
+    }
+}
+
+impl Locator {
+    pub fn plain(name: impl Into<Name>) -> Self {
+        Locator {
+            name: name.into(),
+            params: Arc::default(),
+        }
+    }
+
+    pub fn with_params(name: impl Into<Name>, params: Arc<Params>) -> Self {
+        Locator {
+            name: name.into(),
+            params,
+        }
+    }
+
+    pub fn is_plain(&self) -> bool {
+        self.params.is_empty()
+    }
+}
 
 /// One resource as received from the upstream. `encoded` is written to every subscriber verbatim.
 #[derive(Debug, Clone)]
@@ -25,9 +72,20 @@ pub struct CachedResource {
     /// The embedded `google.protobuf.Any`, a zero-copy slice of `encoded` (what SotW clients
     /// receive).
     pub any: Bytes,
+    /// The variant's constraints (from `resource_name`), `None` for a plain-named resource.
+    pub constraints: Option<DynamicParameterConstraints>,
+    /// Canonical identity of `constraints` within the name (E15).
+    pub key: ConstraintKey,
+    /// `cache_control.do_not_cache`: served only to subscribers that were waiting when it arrived.
+    /// Set by the store: the store sequence number of the response that delivered it.
+    pub arrival: u64,
     /// `encoded` wrapped in an `Any` of type `Resource`, for SotW clients that accept wrappers;
     /// built on first use, then shared.
     wrapped: OnceLock<Bytes>,
+    /// `encoded` with `resource_name` replaced by `name`, for clients that subscribed by plain
+    /// name (E10); built on first use, then shared. Same as `encoded` for unconstrained resources.
+    named: OnceLock<Bytes>,
+    named_wrapped: OnceLock<Bytes>,
 }
 
 impl PartialEq for CachedResource {
@@ -55,6 +113,10 @@ impl CachedResource {
     pub fn decode(encoded: Bytes) -> Result<Self, ResourceError> {
         let header = ResourceHeader::decode(encoded.clone())
             .map_err(|e| ResourceError::Malformed(e.to_string()))?;
+        let constraints = header
+            .resource_name
+            .as_ref()
+            .and_then(|rn| rn.dynamic_parameter_constraints.clone());
         let name = match (&header.name[..], &header.resource_name) {
             ("", None) => return Err(ResourceError::MissingName),
             ("", Some(rn)) if rn.name.is_empty() => return Err(ResourceError::MissingName),
@@ -70,28 +132,76 @@ impl CachedResource {
             do_not_cache: header.cache_control.is_some_and(|c| c.do_not_cache),
             encoded,
             any,
+            key: constraints::key(constraints.as_ref()),
+            constraints,
+            arrival: 0,
             wrapped: OnceLock::new(),
+            named: OnceLock::new(),
+            named_wrapped: OnceLock::new(),
+        })
+    }
+
+    /// The `ResourceName` that identifies this variant to locator-aware clients (E9, E11).
+    pub fn resource_name(&self) -> ResourceName {
+        ResourceName {
+            name: self.name.to_string(),
+            dynamic_parameter_constraints: self.constraints.clone(),
+        }
+    }
+
+    /// The encoded `Resource` for a Delta client: verbatim for locator subscribers, with a plain
+    /// `name` for clients that subscribed by name (E10).
+    pub fn delta_bytes(&self, by_name: bool) -> &Bytes {
+        if by_name && self.constraints.is_some() {
+            self.named()
+        } else {
+            &self.encoded
+        }
+    }
+
+    /// The `Any` for a SotW client: the bare resource, or the `Resource` wrapper (B16) in the
+    /// form that matches how it subscribed.
+    pub fn sotw_bytes(&self, wrap: bool, by_name: bool) -> &Bytes {
+        match (wrap, by_name && self.constraints.is_some()) {
+            (false, _) => &self.any,
+            (true, false) => self.wrapped(),
+            (true, true) => self.named_wrapped.get_or_init(|| wrap_in_any(self.named())),
+        }
+    }
+
+    fn named(&self) -> &Bytes {
+        self.named.get_or_init(|| {
+            let mut r = match crate::pb::discovery::Resource::decode(self.encoded.clone()) {
+                Ok(r) => r,
+                // Decoded once already (header), so this cannot fail; fall back to verbatim.
+                Err(_) => return self.encoded.clone(),
+            };
+            r.name = self.name.to_string();
+            r.resource_name = None;
+            Bytes::from(r.encode_to_vec())
         })
     }
 
     /// This resource as an `Any` wrapping the whole `Resource` (SotW with
     /// `xds.config.resource-in-sotw`).
     pub fn wrapped(&self) -> &Bytes {
-        self.wrapped.get_or_init(|| {
-            Bytes::from(
-                prost_types::Any {
-                    type_url: RESOURCE_TYPE_URL.into(),
-                    value: self.encoded.to_vec(),
-                }
-                .encode_to_vec(),
-            )
-        })
+        self.wrapped.get_or_init(|| wrap_in_any(&self.encoded))
     }
 
     /// A resource with no body is a TTL heartbeat (it only refreshes the resource's timer).
     pub fn is_heartbeat(&self) -> bool {
         self.body_type_url.is_empty()
     }
+}
+
+fn wrap_in_any(resource: &Bytes) -> Bytes {
+    Bytes::from(
+        prost_types::Any {
+            type_url: RESOURCE_TYPE_URL.into(),
+            value: resource.to_vec(),
+        }
+        .encode_to_vec(),
+    )
 }
 
 /// The bytes of the last occurrence of length-delimited top-level `field` in an encoded message,

@@ -9,13 +9,15 @@
 //! content it would receive changes, and is the same on every relay replica (D8).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
+use super::constraints::{params_of, ConstraintKey, Params};
 use super::delta::{AckStatus, ProtocolError, RequestEffects};
 use super::interest::WILDCARD;
-use super::resource::Name;
+use super::resource::{Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
 use crate::pb::core::Node;
 use crate::pb::discovery::DiscoveryRequest;
@@ -40,15 +42,16 @@ pub fn is_full_state(type_url: &str) -> bool {
 #[derive(Debug, Default)]
 struct TypeState {
     wildcard: bool,
-    names: BTreeSet<Name>,
+    /// Requested locators -> subscribed by plain name (true) or by `resource_locators` (false).
+    subs: BTreeMap<Locator, bool>,
     /// A non-empty `resource_names` was seen: an empty one now means "nothing", not wildcard (B5).
     seen_names: bool,
-    /// name -> version the client holds from our responses.
-    sent: BTreeMap<Name, String>,
+    /// What the client holds from our responses: locator -> (variant, version).
+    sent: BTreeMap<Locator, (ConstraintKey, String)>,
     /// Something relevant changed since the last response.
     dirty: bool,
-    /// Names to send even if unchanged: newly requested (B4), re-requested (B13).
-    resend: BTreeSet<Name>,
+    /// Subscriptions to send even if unchanged: newly requested (B4), re-requested (B13).
+    resend: BTreeSet<Locator>,
     /// A response is owed even if nothing changed (first request B8, re-request B13).
     force: bool,
     last_nonce: Option<String>,
@@ -62,6 +65,8 @@ pub struct SotwStream {
     nonce_seq: u64,
     /// Send each resource wrapped in a `Resource` (client announced the feature).
     wrap: bool,
+    /// Parameters for plain-name and wildcard subscriptions (TP2 migration from node metadata).
+    default_params: Arc<Params>,
 }
 
 impl SotwStream {
@@ -73,23 +78,33 @@ impl SotwStream {
     }
 
     /// Wraps resources iff the node announces one of [`RESOURCE_IN_SOTW_FEATURES`].
-    pub fn for_node(node: &Node) -> Self {
+    pub fn for_node(node: &Node, default_params: Params) -> Self {
         let wrap = node
             .client_features
             .iter()
             .any(|f| RESOURCE_IN_SOTW_FEATURES.contains(&f.as_str()));
-        Self::new(wrap)
+        SotwStream {
+            wrap,
+            default_params: Arc::new(default_params),
+            ..Default::default()
+        }
     }
 
     pub fn on_request(&mut self, req: &DiscoveryRequest) -> Result<RequestEffects, ProtocolError> {
         if req.type_url.is_empty() {
             return Err(ProtocolError::MissingTypeUrl);
         }
-        let requested: Vec<&str> = req
+        let defaults = self.default_params.clone();
+        let requested: Vec<(Locator, bool)> = req
             .resource_names
             .iter()
-            .map(String::as_str)
-            .chain(req.resource_locators.iter().map(|l| l.name.as_str()))
+            .map(|n| (Locator::with_params(n.as_str(), defaults.clone()), true))
+            .chain(req.resource_locators.iter().map(|l| {
+                (
+                    Locator::with_params(l.name.as_str(), Arc::new(params_of(l))),
+                    false,
+                )
+            }))
             .collect();
         let first = !self.types.contains_key(&req.type_url);
         let ts = self.types.entry(req.type_url.clone()).or_default();
@@ -115,44 +130,44 @@ impl SotwStream {
                 if ts.acked_nonce.as_deref() == Some(nonce.as_str()) {
                     // B13: the same ACK again is a re-request (Envoy's EDS after a CDS update).
                     ts.force = true;
-                    ts.resend.extend(ts.names.iter().cloned());
+                    ts.resend.extend(ts.subs.keys().cloned());
                 }
                 ts.acked_nonce = Some(nonce.clone());
                 AckStatus::Ack { nonce }
             };
-        } else {
-            // B8: the first request of a type on a stream (fresh or reconnecting) gets an answer.
+        }
+        // B8: the first request of a type on a stream (fresh or reconnecting, whatever nonce it
+        // carries) gets an answer; so does a request without a nonce.
+        if first || req.response_nonce.is_empty() {
             ts.force = true;
         }
 
         // The requested set, superseding the previous one (B11); B5 legacy wildcard rules.
-        let (wildcard, names): (bool, BTreeSet<Name>) = if requested.is_empty() {
-            (first || (ts.wildcard && !ts.seen_names), BTreeSet::new())
+        let (wildcard, subs): (bool, BTreeMap<Locator, bool>) = if requested.is_empty() {
+            (first || (ts.wildcard && !ts.seen_names), BTreeMap::new())
         } else {
             ts.seen_names = true;
             (
-                requested.contains(&WILDCARD),
+                requested.iter().any(|(l, _)| &*l.name == WILDCARD),
                 requested
-                    .iter()
-                    .filter(|n| **n != WILDCARD)
-                    .map(|n| Name::from(*n))
+                    .into_iter()
+                    .filter(|(l, _)| &*l.name != WILDCARD)
                     .collect(),
             )
         };
         if wildcard && !ts.wildcard {
-            effects.acquire.push(WILDCARD.into());
+            effects.acquire.push(Locator::plain(WILDCARD));
             ts.dirty = true;
         } else if !wildcard && ts.wildcard {
-            effects.release.push(WILDCARD.into());
-            let names_ref = &names;
-            ts.sent.retain(|n, _| names_ref.contains(n));
+            effects.release.push(Locator::plain(WILDCARD));
+            ts.sent.retain(|l, _| subs.contains_key(l));
         }
-        for added in names.difference(&ts.names) {
+        for added in subs.keys().filter(|l| !ts.subs.contains_key(*l)) {
             effects.acquire.push(added.clone());
             // B4: newly requested names are sent even if sent before and unchanged.
             ts.resend.insert(added.clone());
         }
-        for removed in ts.names.difference(&names) {
+        for removed in ts.subs.keys().filter(|l| !subs.contains_key(*l)) {
             effects.release.push(removed.clone());
             if !wildcard {
                 ts.sent.remove(removed);
@@ -160,7 +175,7 @@ impl SotwStream {
             ts.resend.remove(removed);
         }
         ts.wildcard = wildcard;
-        ts.names = names;
+        ts.subs = subs;
         Ok(effects)
     }
 
@@ -168,7 +183,10 @@ impl SotwStream {
         if let Some(ts) = self.types.get_mut(&changes.type_url) {
             if ts.wildcard
                 || changes.wildcard_synced_now
-                || changes.names.iter().any(|n| ts.names.contains(n))
+                || changes
+                    .names
+                    .iter()
+                    .any(|n| ts.subs.keys().any(|l| &l.name == n))
             {
                 ts.dirty = true;
             }
@@ -195,30 +213,51 @@ impl SotwStream {
 
     fn build(&mut self, type_url: &str, store: &Store) -> Option<wire::DiscoveryResponse> {
         let wrap = self.wrap;
+        let defaults = self.default_params.clone();
         let ts = self.types.get_mut(type_url)?;
-        let mut scope: BTreeSet<Name> = ts.names.clone();
+        // (locator, by name): the requested set, plus every name of the type for a wildcard.
+        let mut scope: BTreeMap<Locator, bool> = ts.subs.clone();
         if ts.wildcard {
-            scope.extend(store.resources(type_url).map(|r| r.name.clone()));
+            for n in store.names(type_url) {
+                scope
+                    .entry(Locator::with_params(n.clone(), defaults.clone()))
+                    .or_insert(true);
+            }
         }
         let mut out: Vec<Bytes> = Vec::new();
+        // B20: one entry per name (by-name subscribers) or per variant (locator subscribers).
+        let mut added: BTreeSet<(Name, ConstraintKey)> = BTreeSet::new();
+        let mut push = |out: &mut Vec<Bytes>, r: &super::CachedResource, by_name: bool| {
+            let id = (
+                r.name.clone(),
+                if by_name {
+                    ConstraintKey::default()
+                } else {
+                    r.key.clone()
+                },
+            );
+            if added.insert(id) {
+                // Locator subscribers can take wrappers ([PROTO] resource_locators) and need the
+                // constraints (E9).
+                out.push(r.sotw_bytes(wrap || !by_name, by_name).clone());
+            }
+        };
         if is_full_state(type_url) {
             // B2/D9: wait rather than omit something the client would take as deleted.
-            let unknown = ts
-                .names
-                .iter()
-                .any(|n| matches!(store.lookup(type_url, n), Lookup::Unknown));
+            let unknown = ts.subs.keys().any(|l| {
+                matches!(
+                    store.lookup_for(type_url, &l.name, &l.params),
+                    Lookup::Unknown
+                )
+            });
             if unknown || (ts.wildcard && !store.wildcard_synced(type_url)) {
                 return None;
             }
             let mut current = BTreeMap::new();
-            for n in &scope {
-                if let Lookup::Present(r) = store.lookup(type_url, n) {
-                    current.insert(n.clone(), r.version.clone());
-                    out.push(if wrap {
-                        r.wrapped().clone()
-                    } else {
-                        r.any.clone()
-                    });
+            for (l, by_name) in &scope {
+                if let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) {
+                    current.insert(l.clone(), (r.key.clone(), r.version.clone()));
+                    push(&mut out, r, *by_name);
                 }
             }
             let owed = ts.force || !ts.resend.is_empty();
@@ -229,23 +268,21 @@ impl SotwStream {
             }
             ts.sent = current;
         } else {
-            for n in &scope {
-                match store.lookup(type_url, n) {
+            for (l, by_name) in &scope {
+                match store.lookup_for(type_url, &l.name, &l.params) {
                     Lookup::Present(r) => {
-                        let resend = ts.resend.remove(n) || ts.force;
-                        if resend || ts.sent.get(n) != Some(&r.version) {
-                            ts.sent.insert(n.clone(), r.version.clone());
-                            out.push(if wrap {
-                                r.wrapped().clone()
-                            } else {
-                                r.any.clone()
-                            });
+                        let resend = ts.resend.remove(l) || ts.force;
+                        let held = ts.sent.get(l);
+                        if resend || held != Some(&(r.key.clone(), r.version.clone())) {
+                            ts.sent
+                                .insert(l.clone(), (r.key.clone(), r.version.clone()));
+                            push(&mut out, r, *by_name);
                         }
                     }
                     // B3: a partial type cannot signal deletion; the client keeps what it has.
                     Lookup::Absent => {
-                        ts.resend.remove(n);
-                        ts.sent.remove(n);
+                        ts.resend.remove(l);
+                        ts.sent.remove(l);
                     }
                     // Wait for the upstream; the resend mark stays until it arrives.
                     Lookup::Unknown => {}
@@ -270,26 +307,76 @@ impl SotwStream {
         })
     }
 
-    pub fn subscriptions(&self) -> Vec<(String, Name)> {
+    pub fn subscriptions(&self) -> Vec<(String, Locator)> {
         self.types
             .iter()
             .flat_map(|(t, ts)| {
-                ts.names
-                    .iter()
+                ts.subs
+                    .keys()
                     .cloned()
-                    .chain(ts.wildcard.then(|| Name::from(WILDCARD)))
-                    .map(move |n| (t.clone(), n))
+                    .chain(ts.wildcard.then(|| Locator::plain(WILDCARD)))
+                    .map(move |l| (t.clone(), l))
             })
             .collect()
+    }
+
+    /// Per-type state for the admin API and CSDS.
+    pub fn snapshot(&self, resources: bool) -> Vec<super::stream::TypeSnapshot> {
+        self.types
+            .iter()
+            .map(|(t, ts)| super::stream::TypeSnapshot {
+                type_url: t.clone(),
+                wildcard: ts.wildcard,
+                subscribed: ts.subs.len(),
+                held: ts.sent.len(),
+                last_nonce: ts.last_nonce.clone(),
+                last_ack: ts.acked_nonce.clone(),
+                last_nack: ts.last_nack.clone(),
+                resources: if resources {
+                    ts.sent
+                        .iter()
+                        .map(|(l, (_, v))| (l.name.clone(), v.clone()))
+                        .collect()
+                } else {
+                    Vec::new()
+                },
+                waiting: if resources {
+                    ts.subs
+                        .keys()
+                        .filter(|l| !ts.sent.contains_key(*l))
+                        .map(|l| l.name.clone())
+                        .collect()
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect()
+    }
+
+    /// Every (type_url, name, version) the client was sent, for client status reporting.
+    pub fn held(&self) -> impl Iterator<Item = (&str, &Locator, &str)> {
+        self.types.iter().flat_map(|(t, ts)| {
+            ts.sent
+                .iter()
+                .map(move |(l, (_, v))| (t.as_str(), l, v.as_str()))
+        })
     }
 }
 
 /// A digest of what the client holds: equal content, equal version, on any replica (D8). Never
 /// empty, so a client never mistakes it for "no state" (B7).
-fn version_of(held: &BTreeMap<Name, String>) -> String {
+fn version_of(held: &BTreeMap<Locator, (ConstraintKey, String)>) -> String {
     let mut h = Sha256::new();
-    for (name, version) in held {
-        h.update(name.as_bytes());
+    for (l, (key, version)) in held {
+        h.update(l.name.as_bytes());
+        h.update([0]);
+        for (k, v) in l.params.iter() {
+            h.update(k.as_bytes());
+            h.update([1]);
+            h.update(v.as_bytes());
+            h.update([1]);
+        }
+        h.update(key.to_string().as_bytes());
         h.update([0]);
         h.update(version.as_bytes());
         h.update([0]);

@@ -1,28 +1,44 @@
-//! The resource store of one aggregation group: every resource the upstream sent, per type, as
-//! encoded bytes, plus what the upstream said does not exist. Pure data; the adapter wraps it in a
-//! lock and turns the returned change sets into notifications.
+//! The resource store of one aggregation group: every resource variant the upstream sent, per type
+//! and name, as encoded bytes keyed by its constraints (TP2), plus what the upstream said does not
+//! exist and the per-resource errors it reported. Pure data; the adapter wraps it in a lock and
+//! turns the returned change sets into notifications.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::constraints::{self, ConstraintKey, Params, Selection};
 use super::resource::{CachedResource, Name, ResourceError};
+use crate::pb::discovery::{ResourceError as ResourceErrorProto, ResourceName};
 
-/// What the store knows about one name.
+/// Ambiguous variant matches (E7), counted here because lookups borrow the store immutably; the
+/// metrics module exports it.
+pub static AMBIGUOUS_MATCHES: AtomicU64 = AtomicU64::new(0);
+
+/// What the store knows about one name for one subscriber.
 #[derive(Debug, PartialEq)]
 pub enum Lookup<'a> {
     Present(&'a Arc<CachedResource>),
     /// The upstream said authoritatively that the name does not exist.
     Absent,
-    /// Nothing known yet: wait for the upstream rather than tell a client it does not exist (D9).
+    /// Nothing known yet, or no variant matches these parameters: wait for the upstream rather
+    /// than tell a client it does not exist (D9, E8).
     Unknown,
 }
 
 #[derive(Debug, Default)]
+struct NameEntry {
+    variants: BTreeMap<ConstraintKey, Arc<CachedResource>>,
+    absent: bool,
+    /// A non-NOT_FOUND error the upstream reported for this name (TP3), until the resource arrives.
+    error: Option<ResourceErrorProto>,
+}
+
+#[derive(Debug, Default)]
 struct TypeStore {
-    resources: BTreeMap<Name, Arc<CachedResource>>,
-    absent: HashSet<Name>,
+    names: BTreeMap<Name, NameEntry>,
     /// The upstream has answered a wildcard subscription of this type at least once, so names it
     /// did not send are really not part of the wildcard set.
     wildcard_synced: bool,
@@ -36,6 +52,8 @@ pub struct ChangeSet {
     /// This response completed the first wildcard sync of the type: initial wildcard requests that
     /// were waiting for it can now be answered.
     pub wildcard_synced_now: bool,
+    /// When the upstream response was received (for fan-out latency), if known.
+    pub received_at: Option<std::time::Instant>,
 }
 
 impl ChangeSet {
@@ -61,6 +79,21 @@ pub enum ApplyError {
     AddedAndRemoved(String),
     #[error("resource {name:?} has no body and version {got:?} does not match the held version")]
     HeartbeatVersionMismatch { name: String, got: String },
+    #[error("resource {name:?} has invalid dynamic parameter constraints: {reason}")]
+    BadConstraints { name: String, reason: String },
+}
+
+/// One upstream Delta response, as the store needs it.
+#[derive(Debug, Default)]
+pub struct UpstreamUpdate {
+    /// Owned bytes of each `Resource` (not slices of a receive buffer).
+    pub resources: Vec<Bytes>,
+    /// `removed_resources`, plus names reported NOT_FOUND in `resource_errors` (C14).
+    pub removed: Vec<String>,
+    /// `removed_resource_names`: variants removed by name and constraints (E11).
+    pub removed_variants: Vec<ResourceName>,
+    /// Other `resource_errors`, passed through to subscribers (TP3).
+    pub errors: Vec<ResourceErrorProto>,
 }
 
 #[derive(Debug, Default)]
@@ -68,7 +101,11 @@ pub struct Store {
     types: HashMap<String, TypeStore>,
     /// The store is the source of truth (the demo control plane): names it lacks do not exist.
     complete: bool,
+    /// Incremented by every applied response; stamped on resources as their `arrival`.
+    seq: u64,
 }
+
+static NO_PARAMS: std::sync::LazyLock<Params> = std::sync::LazyLock::new(Params::new);
 
 impl Store {
     /// A store filled from an upstream: missing names are unknown until the upstream answers.
@@ -80,41 +117,96 @@ impl Store {
     /// every wildcard is synced.
     pub fn complete(resources: impl IntoIterator<Item = (String, CachedResource)>) -> Self {
         let mut store = Store {
-            types: HashMap::new(),
             complete: true,
+            ..Store::default()
         };
         for (type_url, r) in resources {
-            let ts = store.types.entry(type_url).or_default();
-            ts.resources.insert(r.name.clone(), Arc::new(r));
+            let entry = store
+                .types
+                .entry(type_url)
+                .or_default()
+                .names
+                .entry(r.name.clone())
+                .or_default();
+            entry.variants.insert(r.key.clone(), Arc::new(r));
         }
         store
     }
 
+    /// The current sequence number: resources that arrive later have a larger `arrival`.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Lookup for a plain-name subscriber (no dynamic parameters).
     pub fn lookup(&self, type_url: &str, name: &str) -> Lookup<'_> {
-        let Some(ts) = self.types.get(type_url) else {
+        self.lookup_for(type_url, name, &NO_PARAMS)
+    }
+
+    /// The variant a subscriber with `params` gets (E7, E8).
+    pub fn lookup_for(&self, type_url: &str, name: &str, params: &Params) -> Lookup<'_> {
+        let entry = self.types.get(type_url).and_then(|t| t.names.get(name));
+        let Some(entry) = entry else {
             return if self.complete {
                 Lookup::Absent
             } else {
                 Lookup::Unknown
             };
         };
-        match ts.resources.get(name) {
-            Some(r) => Lookup::Present(r),
-            None if self.complete || ts.absent.contains(name) => Lookup::Absent,
-            None => Lookup::Unknown,
+        // Fast path: one variant, unconstrained, which every subscriber gets.
+        if entry.variants.len() == 1 {
+            if let Some((k, r)) = entry.variants.iter().next() {
+                if k.is_unconstrained() {
+                    return Lookup::Present(r);
+                }
+            }
         }
+        let selection = constraints::select(
+            entry
+                .variants
+                .iter()
+                .map(|(k, r)| (k, r.constraints.as_ref(), r)),
+            params,
+        );
+        if selection.is_ambiguous() {
+            AMBIGUOUS_MATCHES.fetch_add(1, Ordering::Relaxed);
+        }
+        match selection {
+            Selection::One(r) | Selection::Ambiguous { chosen: r, .. } => Lookup::Present(r),
+            Selection::None if entry.absent || self.complete => Lookup::Absent,
+            Selection::None => Lookup::Unknown,
+        }
+    }
+
+    /// The error the upstream reported for a name, if any and not yet cleared by the resource.
+    pub fn error(&self, type_url: &str, name: &str) -> Option<&ResourceErrorProto> {
+        self.types
+            .get(type_url)
+            .and_then(|t| t.names.get(name))
+            .and_then(|e| e.error.as_ref())
     }
 
     pub fn wildcard_synced(&self, type_url: &str) -> bool {
         self.complete || self.types.get(type_url).is_some_and(|t| t.wildcard_synced)
     }
 
-    /// Every resource held for a type, in name order.
+    /// Every name with at least one variant, in order.
+    pub fn names(&self, type_url: &str) -> impl Iterator<Item = &Name> {
+        self.types
+            .get(type_url)
+            .into_iter()
+            .flat_map(|t| t.names.iter())
+            .filter(|(_, e)| !e.variants.is_empty())
+            .map(|(n, _)| n)
+    }
+
+    /// Every variant held for a type, in name order.
     pub fn resources(&self, type_url: &str) -> impl Iterator<Item = &Arc<CachedResource>> {
         self.types
             .get(type_url)
             .into_iter()
-            .flat_map(|t| t.resources.values())
+            .flat_map(|t| t.names.values())
+            .flat_map(|e| e.variants.values())
     }
 
     pub fn type_urls(&self) -> impl Iterator<Item = &str> {
@@ -122,39 +214,57 @@ impl Store {
     }
 
     /// Versions to report in `initial_resource_versions` on a new upstream stream: every held
-    /// resource still wanted, except content the relay may not keep (C4).
+    /// resource still wanted, except content the relay may not keep (C4) and names with
+    /// constrained variants, which a name-keyed map cannot identify (C17).
     pub fn initial_versions(
         &self,
         type_url: &str,
         wanted: impl Fn(&str) -> bool,
     ) -> HashMap<String, String> {
-        self.resources(type_url)
-            .filter(|r| !r.do_not_cache && wanted(&r.name))
-            .map(|r| (r.name.to_string(), r.version.clone()))
+        self.types
+            .get(type_url)
+            .into_iter()
+            .flat_map(|t| t.names.iter())
+            .filter(|(n, _)| wanted(n))
+            .filter_map(|(n, e)| match e.variants.iter().next() {
+                Some((k, r))
+                    if e.variants.len() == 1 && k.is_unconstrained() && !r.do_not_cache =>
+                {
+                    Some((n.to_string(), r.version.clone()))
+                }
+                _ => None,
+            })
             .collect()
     }
 
     /// Applies one upstream Delta response atomically: either everything or, on error, nothing.
-    /// `resources` must be owned bytes (not slices of a receive buffer).
-    pub fn apply_delta(
+    /// Variant replacements in one response are therefore seen together (E12).
+    pub fn apply(
         &mut self,
         type_url: &str,
-        resources: Vec<Bytes>,
-        removed: Vec<String>,
-        wildcard_subscribed: bool,
+        update: UpstreamUpdate,
+        wildcard_answered: bool,
     ) -> Result<ChangeSet, ApplyError> {
-        let mut parsed = Vec::with_capacity(resources.len());
-        let mut seen = HashSet::with_capacity(resources.len());
+        let mut parsed = Vec::with_capacity(update.resources.len());
+        let mut seen: HashSet<(Name, ConstraintKey)> =
+            HashSet::with_capacity(update.resources.len());
         let held = self.types.get(type_url);
-        for (index, bytes) in resources.into_iter().enumerate() {
+        for (index, bytes) in update.resources.into_iter().enumerate() {
             let r = CachedResource::decode(bytes)
                 .map_err(|source| ApplyError::BadResource { index, source })?;
-            if !seen.insert(r.name.clone()) {
+            if let Some(c) = &r.constraints {
+                constraints::validate(c).map_err(|e| ApplyError::BadConstraints {
+                    name: r.name.to_string(),
+                    reason: e.to_string(),
+                })?;
+            }
+            if !seen.insert((r.name.clone(), r.key.clone())) {
                 return Err(ApplyError::DuplicateName(r.name.to_string()));
             }
             if r.is_heartbeat() {
                 let held_version = held
-                    .and_then(|t| t.resources.get(&r.name))
+                    .and_then(|t| t.names.get(&r.name))
+                    .and_then(|e| e.variants.get(&r.key))
                     .map(|h| h.version.as_str());
                 if held_version != Some(r.version.as_str()) {
                     return Err(ApplyError::HeartbeatVersionMismatch {
@@ -171,59 +281,118 @@ impl Store {
             }
             parsed.push(r);
         }
-        if let Some(both) = removed.iter().find(|n| seen.contains(n.as_str())) {
+        let added_names: HashSet<&str> = seen.iter().map(|(n, _)| &**n).collect();
+        if let Some(both) = update
+            .removed
+            .iter()
+            .find(|n| added_names.contains(n.as_str()))
+        {
             return Err(ApplyError::AddedAndRemoved(both.clone()));
+        }
+        for rn in &update.removed_variants {
+            let k = constraints::key(rn.dynamic_parameter_constraints.as_ref());
+            if seen.contains(&(Name::from(rn.name.as_str()), k)) {
+                return Err(ApplyError::AddedAndRemoved(rn.name.clone()));
+            }
         }
 
         // Validated: from here on the response is applied in full.
+        self.seq += 1;
+        let seq = self.seq;
         let ts = self.types.entry(type_url.to_string()).or_default();
-        let mut changes = ChangeSet {
-            type_url: type_url.to_string(),
-            ..ChangeSet::default()
-        };
-        for r in parsed {
+        let mut changed: Vec<Name> = Vec::new();
+        for mut r in parsed {
             // A heartbeat only refreshes a TTL; the held content stays as it is.
             if r.is_heartbeat() {
                 continue;
             }
-            ts.absent.remove(&r.name);
-            if ts
-                .resources
-                .get(&r.name)
-                .is_some_and(|h| h.encoded == r.encoded)
-            {
+            let entry = ts.names.entry(r.name.clone()).or_default();
+            entry.absent = false;
+            entry.error = None;
+            let same = entry
+                .variants
+                .get(&r.key)
+                .is_some_and(|h| h.encoded == r.encoded);
+            // A do_not_cache resource is a fresh delivery every time it arrives (D2).
+            if same && !r.do_not_cache {
                 continue;
             }
-            changes.names.push(r.name.clone());
-            ts.resources.insert(r.name.clone(), Arc::new(r));
+            r.arrival = seq;
+            changed.push(r.name.clone());
+            entry.variants.insert(r.key.clone(), Arc::new(r));
         }
-        for name in removed {
-            let name: Name = name.into();
-            ts.resources.remove(&name);
-            if ts.absent.insert(name.clone()) {
-                changes.names.push(name);
+        for name in update.removed {
+            let entry = ts.names.entry(name.as_str().into()).or_default();
+            let was_absent = entry.absent && entry.variants.is_empty();
+            entry.variants.clear();
+            entry.absent = true;
+            entry.error = None;
+            if !was_absent {
+                changed.push(name.into());
             }
         }
-        if wildcard_subscribed && !ts.wildcard_synced {
+        for rn in update.removed_variants {
+            let k = constraints::key(rn.dynamic_parameter_constraints.as_ref());
+            if let Some(entry) = ts.names.get_mut(rn.name.as_str()) {
+                if entry.variants.remove(&k).is_some() {
+                    if entry.variants.is_empty() {
+                        entry.absent = true;
+                    }
+                    changed.push(rn.name.as_str().into());
+                }
+            }
+        }
+        for err in update.errors {
+            let Some(name) = err.resource_name.as_ref().map(|r| r.name.clone()) else {
+                continue;
+            };
+            ts.names.entry(name.as_str().into()).or_default().error = Some(err);
+            changed.push(name.into());
+        }
+        changed.sort();
+        changed.dedup();
+        let mut changes = ChangeSet {
+            type_url: type_url.to_string(),
+            names: changed,
+            ..ChangeSet::default()
+        };
+        if wildcard_answered && !ts.wildcard_synced {
             ts.wildcard_synced = true;
             changes.wildcard_synced_now = true;
         }
         Ok(changes)
     }
 
+    /// [`Store::apply`] for a response with only resources and plain removals.
+    pub fn apply_delta(
+        &mut self,
+        type_url: &str,
+        resources: Vec<Bytes>,
+        removed: Vec<String>,
+        wildcard_answered: bool,
+    ) -> Result<ChangeSet, ApplyError> {
+        self.apply(
+            type_url,
+            UpstreamUpdate {
+                resources,
+                removed,
+                ..UpstreamUpdate::default()
+            },
+            wildcard_answered,
+        )
+    }
+
     /// The upstream subscription for `name` lapsed: what is held may go stale, so drop it (D5).
     pub fn forget(&mut self, type_url: &str, name: &str) {
         if let Some(ts) = self.types.get_mut(type_url) {
-            ts.resources.remove(name);
-            ts.absent.remove(name);
+            ts.names.remove(name);
         }
     }
 
     /// The upstream wildcard subscription lapsed: keep only names still wanted explicitly.
     pub fn forget_wildcard(&mut self, type_url: &str, still_wanted: impl Fn(&str) -> bool) {
         if let Some(ts) = self.types.get_mut(type_url) {
-            ts.resources.retain(|n, _| still_wanted(n));
-            ts.absent.retain(|n| still_wanted(n));
+            ts.names.retain(|n, _| still_wanted(n));
             ts.wildcard_synced = false;
         }
     }
@@ -232,7 +401,9 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::discovery::Resource;
+    use crate::pb::discovery::dynamic_parameter_constraints::single_constraint::ConstraintType;
+    use crate::pb::discovery::dynamic_parameter_constraints::{SingleConstraint, Type};
+    use crate::pb::discovery::{DynamicParameterConstraints, Resource};
     use prost::Message;
 
     const T: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -249,6 +420,36 @@ mod tests {
         }
         .encode_to_vec()
         .into()
+    }
+
+    fn env_is(v: &str) -> DynamicParameterConstraints {
+        DynamicParameterConstraints {
+            r#type: Some(Type::Constraint(SingleConstraint {
+                key: "env".into(),
+                constraint_type: Some(ConstraintType::Value(v.into())),
+            })),
+        }
+    }
+
+    fn variant(name: &str, version: &str, c: DynamicParameterConstraints) -> Bytes {
+        Resource {
+            resource_name: Some(ResourceName {
+                name: name.into(),
+                dynamic_parameter_constraints: Some(c),
+            }),
+            version: version.into(),
+            resource: Some(prost_types::Any {
+                type_url: T.into(),
+                value: version.as_bytes().to_vec(),
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    fn params(env: &str) -> Params {
+        Params::from([("env".to_string(), env.to_string())])
     }
 
     #[test]
@@ -293,19 +494,81 @@ mod tests {
         let wrong = s.apply_delta("other", vec![res("c", "1", b"x")], vec![], false);
         assert!(matches!(wrong, Err(ApplyError::TypeMismatch { .. })));
         assert!(matches!(s.lookup(T, "a"), Lookup::Present(r) if r.version == "1"));
+        assert_eq!(
+            s.type_urls().count(),
+            1,
+            "a rejected response creates nothing"
+        );
     }
 
     #[test]
-    fn initial_versions_only_for_wanted() {
+    fn initial_versions_only_for_wanted_plain_resources() {
         let mut s = Store::new();
         s.apply_delta(
             T,
-            vec![res("a", "1", b"x"), res("b", "2", b"y")],
+            vec![
+                res("a", "1", b"x"),
+                res("b", "2", b"y"),
+                variant("v", "3", env_is("prod")),
+            ],
             vec![],
             false,
         )
         .unwrap();
-        let v = s.initial_versions(T, |n| n == "b");
+        let v = s.initial_versions(T, |n| n != "a");
         assert_eq!(v, HashMap::from([("b".to_string(), "2".to_string())]));
+    }
+
+    #[test]
+    fn variants_are_selected_by_params_and_miss_is_unknown() {
+        let mut s = Store::new();
+        s.apply_delta(
+            T,
+            vec![
+                variant("foo", "p1", env_is("prod")),
+                variant("foo", "t1", env_is("test")),
+            ],
+            vec![],
+            false,
+        )
+        .unwrap();
+        assert!(
+            matches!(s.lookup_for(T, "foo", &params("prod")), Lookup::Present(r) if r.version == "p1")
+        );
+        assert!(
+            matches!(s.lookup_for(T, "foo", &params("test")), Lookup::Present(r) if r.version == "t1")
+        );
+        // E8: no matching variant is a miss, not "does not exist".
+        assert_eq!(s.lookup_for(T, "foo", &params("qa")), Lookup::Unknown);
+        assert_eq!(s.names(T).count(), 1);
+    }
+
+    #[test]
+    fn variant_replacement_is_atomic() {
+        let mut s = Store::new();
+        s.apply_delta(T, vec![variant("foo", "p1", env_is("prod"))], vec![], false)
+            .unwrap();
+        let c = s
+            .apply(
+                T,
+                UpstreamUpdate {
+                    resources: vec![variant(
+                        "foo",
+                        "any",
+                        DynamicParameterConstraints::default(),
+                    )],
+                    removed_variants: vec![ResourceName {
+                        name: "foo".into(),
+                        dynamic_parameter_constraints: Some(env_is("prod")),
+                    }],
+                    ..Default::default()
+                },
+                false,
+            )
+            .unwrap();
+        assert_eq!(c.names, vec![Name::from("foo")]);
+        assert!(
+            matches!(s.lookup_for(T, "foo", &params("prod")), Lookup::Present(r) if r.version == "any")
+        );
     }
 }

@@ -1,7 +1,8 @@
 //! The contract shared by the Delta and SotW per-stream state machines, so one adapter drives both.
 
+use super::constraints::Params;
 use super::delta::{ProtocolError, RequestEffects};
-use super::resource::Name;
+use super::resource::{Locator, Name};
 use super::store::{ChangeSet, Store};
 use crate::pb::core::Node;
 use crate::pb::discovery::{DeltaDiscoveryRequest, DiscoveryRequest};
@@ -11,8 +12,9 @@ pub trait StreamCore {
     type Request;
     type Response;
 
-    /// A fresh state machine for a stream opened by `node`.
-    fn for_node(node: &Node) -> Self;
+    /// A fresh state machine for a stream opened by `node`; plain-name subscriptions carry
+    /// `default_params` (empty unless derived from node metadata).
+    fn for_node(node: &Node, default_params: Params) -> Self;
     fn on_request(&mut self, req: &Self::Request) -> Result<RequestEffects, ProtocolError>;
     fn on_change(&mut self, changes: &ChangeSet);
     /// Re-examine everything of a type (the change notifications for it were collapsed).
@@ -20,7 +22,35 @@ pub trait StreamCore {
     /// The next response to write, built from the store now; `None` if nothing is due.
     fn next_response(&mut self, store: &Store) -> Option<Self::Response>;
     /// Every subscription the stream holds, released when it ends.
-    fn subscriptions(&self) -> Vec<(String, Name)>;
+    fn subscriptions(&self) -> Vec<(String, Locator)>;
+    /// The group applied the latest subscriptions when its store was at `seq` (D2).
+    fn subscribed_at(&mut self, _seq: u64) {}
+    /// Subscriptions whose `do_not_cache` content the upstream must send again (C3).
+    fn take_refetch(&mut self) -> Vec<(String, Locator)> {
+        Vec::new()
+    }
+    /// Per-type ACK/NACK state for introspection (admin, CSDS); with `resources`, also every
+    /// (name, version) the client holds as far as the relay knows and the names it still waits for.
+    fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot>;
+}
+
+/// One type of one stream, as the admin API and CSDS report it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TypeSnapshot {
+    pub type_url: String,
+    pub wildcard: bool,
+    /// Explicitly subscribed names.
+    pub subscribed: usize,
+    /// Resources the client holds (sent by the relay or reported in initial versions).
+    pub held: usize,
+    pub last_nonce: Option<String>,
+    pub last_ack: Option<String>,
+    /// (nonce, error message) of the last NACK.
+    pub last_nack: Option<(String, String)>,
+    /// (name, version) held; filled only when asked for resources.
+    pub resources: Vec<(Name, String)>,
+    /// Explicitly subscribed names not sent yet; filled only when asked for resources.
+    pub waiting: Vec<Name>,
 }
 
 /// What the adapter reads from any xDS request.
@@ -43,8 +73,8 @@ impl StreamCore for super::DeltaStream {
     type Request = DeltaDiscoveryRequest;
     type Response = wire::DeltaDiscoveryResponse;
 
-    fn for_node(_: &Node) -> Self {
-        Self::new()
+    fn for_node(_: &Node, default_params: Params) -> Self {
+        Self::with_default_params(default_params)
     }
     fn on_request(&mut self, req: &Self::Request) -> Result<RequestEffects, ProtocolError> {
         super::DeltaStream::on_request(self, req)
@@ -58,8 +88,17 @@ impl StreamCore for super::DeltaStream {
     fn next_response(&mut self, store: &Store) -> Option<Self::Response> {
         super::DeltaStream::next_response(self, store)
     }
-    fn subscriptions(&self) -> Vec<(String, Name)> {
+    fn subscriptions(&self) -> Vec<(String, Locator)> {
         super::DeltaStream::subscriptions(self)
+    }
+    fn subscribed_at(&mut self, seq: u64) {
+        super::DeltaStream::subscribed_at(self, seq)
+    }
+    fn take_refetch(&mut self) -> Vec<(String, Locator)> {
+        super::DeltaStream::take_refetch(self)
+    }
+    fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
+        super::DeltaStream::snapshot(self, resources)
     }
 }
 
@@ -67,8 +106,8 @@ impl StreamCore for super::SotwStream {
     type Request = DiscoveryRequest;
     type Response = wire::DiscoveryResponse;
 
-    fn for_node(node: &Node) -> Self {
-        super::SotwStream::for_node(node)
+    fn for_node(node: &Node, default_params: Params) -> Self {
+        super::SotwStream::for_node(node, default_params)
     }
     fn on_request(&mut self, req: &Self::Request) -> Result<RequestEffects, ProtocolError> {
         super::SotwStream::on_request(self, req)
@@ -82,8 +121,11 @@ impl StreamCore for super::SotwStream {
     fn next_response(&mut self, store: &Store) -> Option<Self::Response> {
         super::SotwStream::next_response(self, store)
     }
-    fn subscriptions(&self) -> Vec<(String, Name)> {
+    fn subscriptions(&self) -> Vec<(String, Locator)> {
         super::SotwStream::subscriptions(self)
+    }
+    fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
+        super::SotwStream::snapshot(self, resources)
     }
 }
 

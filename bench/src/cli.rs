@@ -1,0 +1,157 @@
+//! Command-line flags of `loadgen` (documented in bench/README.md).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use serde::Serialize;
+
+use crate::client::Protocol;
+use crate::workload::UpdatePattern;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChurnKind {
+    /// Unsubscribe one EDS name, subscribe another (same stream).
+    Swap,
+    /// Close the stream and reopen it with `initial_resource_versions`.
+    Reconnect,
+}
+
+/// Load generator for adsrelay: N simulated Delta xDS clients against the relay (and, with
+/// --compare, straight against the control plane and against a raw HTTP/2 floor).
+#[derive(Debug, Clone, Parser, Serialize)]
+#[command(name = "loadgen", version)]
+pub struct Args {
+    /// Simulated clients.
+    #[arg(long, default_value_t = 200)]
+    pub clients: u32,
+    /// Client streams sharing one connection (1 = one connection per client, like Envoy).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub streams_per_connection: u32,
+    /// xDS variant the clients speak.
+    #[arg(long, value_enum, default_value_t = Protocol::Delta)]
+    pub protocol: Protocol,
+    /// Number of Cluster resources (every client subscribes by wildcard).
+    #[arg(long, default_value_t = 100)]
+    pub resources: u32,
+    /// Number of Listener resources (wildcard).
+    #[arg(long, default_value_t = 10)]
+    pub listeners: u32,
+    /// Size of each resource's opaque body, bytes.
+    #[arg(long, default_value_t = 512)]
+    pub resource_bytes: usize,
+    /// ClusterLoadAssignment names in the pool clients draw from.
+    #[arg(long, default_value_t = 1000)]
+    pub eds_pool: u32,
+    /// ClusterLoadAssignments each client subscribes to by name.
+    #[arg(long, default_value_t = 10)]
+    pub eds_per_client: u32,
+    /// node.cluster of every client (the relay's group).
+    #[arg(long, default_value = "loadgen")]
+    pub group: String,
+    /// Updates to push after all clients synced.
+    #[arg(long, default_value_t = 10)]
+    pub updates: u32,
+    /// Minimum time between the starts of two updates (each update is waited for first).
+    #[arg(long, default_value_t = 200)]
+    pub update_interval_ms: u64,
+    /// Which resources an update changes.
+    #[arg(long, value_enum, default_value_t = UpdatePattern::One)]
+    pub update_pattern: UpdatePattern,
+    /// Churn events per second (all clients together) during updates and --hold-secs.
+    #[arg(long, default_value_t = 0.0)]
+    pub churn_per_sec: f64,
+    /// What a churn event does.
+    #[arg(long, value_enum, default_value_t = ChurnKind::Swap)]
+    pub churn_kind: ChurnKind,
+    /// Keep the clients connected this long after the updates (steady state, churn).
+    #[arg(long, default_value_t = 0)]
+    pub hold_secs: u64,
+    /// Also run the same clients straight against the control plane, and against the raw floor.
+    #[arg(long)]
+    pub compare: bool,
+    /// The adsrelay binary to start (default: `adsrelay` next to loadgen, else target/release/adsrelay).
+    #[arg(long)]
+    pub relay_bin: Option<PathBuf>,
+    /// Attach to a running relay at this xDS address instead of starting one (it must use
+    /// --upstream-listen as its upstream for updates to reach it).
+    #[arg(long)]
+    pub relay_addr: Option<SocketAddr>,
+    /// Pid of the attached relay, for CPU/RSS sampling from /proc.
+    #[arg(long)]
+    pub relay_pid: Option<u32>,
+    /// --unsubscribe-linger passed to the started relay.
+    #[arg(long, default_value = "30s")]
+    pub unsubscribe_linger: String,
+    /// Where the in-process control plane listens during the relay phase.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub upstream_listen: SocketAddr,
+    /// Log file of the started relay (default: <temp dir>/loadgen-relay-<pid>.log).
+    #[arg(long)]
+    pub relay_log: Option<PathBuf>,
+    /// Connections being opened at once.
+    #[arg(long, default_value_t = 256)]
+    pub connect_concurrency: usize,
+    /// RSS samples taken while clients connect (the RSS-versus-clients curve).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub milestones: u32,
+    /// Bound on every wait: relay start, each connect milestone, each update.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_secs: u64,
+    /// Hard limit on the whole run; past it loadgen kills the relay it started and exits 2.
+    #[arg(long, default_value_t = 1800)]
+    pub max_run_secs: u64,
+    /// JSON result file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// SVG image: latency CDF per target and relay RSS versus clients.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Run name in the result (default: the --out file stem, else "loadgen").
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Seed for EDS choice, random updates and churn.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Permit non-loopback addresses for --relay-addr / --upstream-listen.
+    #[arg(long)]
+    pub allow_non_loopback: bool,
+}
+
+impl Args {
+    pub fn connections(&self) -> u32 {
+        self.clients.div_ceil(self.streams_per_connection)
+    }
+
+    /// Checks flag combinations; returns an operator-facing message.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.clients == 0 {
+            return Err("--clients must be at least 1".into());
+        }
+        if self.eds_per_client > self.eds_pool {
+            return Err("--eds-per-client cannot exceed --eds-pool".into());
+        }
+        if self.resources == 0 {
+            return Err("--resources must be at least 1 (update pattern `one` changes cluster-0)".into());
+        }
+        if !self.allow_non_loopback {
+            for (flag, addr) in [
+                ("--relay-addr", self.relay_addr),
+                ("--upstream-listen", Some(self.upstream_listen)),
+            ] {
+                if let Some(a) = addr {
+                    if !a.ip().is_loopback() {
+                        return Err(format!(
+                            "{flag} {a} is not a loopback address; pass --allow-non-loopback if you really mean it"
+                        ));
+                    }
+                }
+            }
+        }
+        if self.relay_addr.is_some() && self.relay_bin.is_some() {
+            return Err("--relay-addr (attach) and --relay-bin (start) exclude each other".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,371 @@
+//! A simulated client: what it holds (versions per resource), when it counts as synced and as
+//! having received an update, and the Delta ADS session that drives it like an Envoy does.
+//!
+//! The xDS variant is chosen by [`Protocol`]; a State-of-the-World session can be added as another
+//! variant next to [`run_delta`], reusing [`ClientState`].
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+use adsrelay::pb::core::Node;
+use adsrelay::pb::discovery::DeltaDiscoveryRequest;
+
+use crate::measure::RunCtx;
+use crate::workload::{parse_index, parse_version, version_string, Kind};
+
+const ABSENT: u32 = u32::MAX;
+const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+/// Stream failures (not churn reconnects) a client tolerates before giving up.
+const MAX_FAILURES: u32 = 5;
+
+/// The parts of `DeltaDiscoveryResponse` a client needs; prost skips the rest (resource bodies
+/// included) without copying it.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LiteResponse {
+    #[prost(message, repeated, tag = "2")]
+    pub resources: Vec<LiteResource>,
+    #[prost(string, tag = "4")]
+    pub type_url: String,
+    #[prost(string, tag = "5")]
+    pub nonce: String,
+    #[prost(string, repeated, tag = "6")]
+    pub removed_resources: Vec<String>,
+}
+
+/// `envoy.service.discovery.v3.Resource`: name and version only.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LiteResource {
+    #[prost(string, tag = "1")]
+    pub version: String,
+    #[prost(string, tag = "3")]
+    pub name: String,
+}
+
+/// Which xDS variant the simulated clients speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// Incremental (Delta) ADS: `DeltaAggregatedResources`.
+    Delta,
+}
+
+/// Commands the churn driver sends a client.
+#[derive(Debug, Clone, Copy)]
+pub enum Ctrl {
+    /// Unsubscribe one EDS name and subscribe another from the pool.
+    Swap,
+    /// Close the stream and open a new one on the same connection (with initial versions).
+    Reconnect,
+}
+
+/// What one client holds.
+#[derive(Debug)]
+pub struct ClientState {
+    pub id: u32,
+    /// Cluster and Listener versions by index (wildcard: all of them).
+    wild: [Vec<u32>; 2],
+    present: [usize; 2],
+    /// Subscribed EDS indices and their held versions.
+    eds: Vec<(u32, u32)>,
+    synced: bool,
+    done_generation: u32,
+    started: Instant,
+}
+
+impl ClientState {
+    pub fn new(id: u32, ctx: &RunCtx) -> Self {
+        let w = &ctx.workload;
+        let eds = crate::sync::lock(&ctx.eds_subs[id as usize])
+            .iter()
+            .map(|&e| (e, ABSENT))
+            .collect();
+        ClientState {
+            id,
+            wild: [
+                vec![ABSENT; w.clusters as usize],
+                vec![ABSENT; w.listeners as usize],
+            ],
+            present: [0, 0],
+            eds,
+            synced: false,
+            done_generation: 0,
+            started: Instant::now(),
+        }
+    }
+
+    pub fn eds_indices(&self) -> Vec<u32> {
+        self.eds.iter().map(|&(k, _)| k).collect()
+    }
+
+    /// Records what a response carries; returns the number of resources in it.
+    pub fn apply(&mut self, r: &LiteResponse) -> usize {
+        let Some(kind) = Kind::from_type_url(&r.type_url) else {
+            return 0;
+        };
+        for res in &r.resources {
+            let (Some(i), Some(v)) = (parse_index(&res.name), parse_version(&res.version)) else {
+                continue;
+            };
+            self.set(kind, i, v);
+        }
+        for name in &r.removed_resources {
+            if let Some(i) = parse_index(name) {
+                self.set(kind, i, ABSENT);
+            }
+        }
+        r.resources.len()
+    }
+
+    fn set(&mut self, kind: Kind, i: u32, v: u32) {
+        match kind {
+            Kind::Cluster | Kind::Listener => {
+                let k = kind as usize;
+                if let Some(slot) = self.wild[k].get_mut(i as usize) {
+                    match (*slot == ABSENT, v == ABSENT) {
+                        (true, false) => self.present[k] += 1,
+                        (false, true) => self.present[k] -= 1,
+                        _ => {}
+                    }
+                    *slot = v;
+                }
+            }
+            Kind::Endpoints => {
+                if let Some(e) = self.eds.iter_mut().find(|(k, _)| *k == i) {
+                    e.1 = v;
+                }
+            }
+        }
+    }
+
+    fn holds(&self, kind: Kind, i: u32, generation: u32) -> bool {
+        let v = match kind {
+            Kind::Cluster | Kind::Listener => self.wild[kind as usize]
+                .get(i as usize)
+                .copied()
+                .unwrap_or(ABSENT),
+            Kind::Endpoints => self
+                .eds
+                .iter()
+                .find(|(k, _)| *k == i)
+                .map_or(ABSENT, |e| e.1),
+        };
+        v != ABSENT && v >= generation
+    }
+
+    /// After a response or a subscription change: reports the first full sync and completion of
+    /// the update in flight.
+    pub fn check(&mut self, ctx: &RunCtx) {
+        if !self.synced
+            && self.present[0] == self.wild[0].len()
+            && self.present[1] == self.wild[1].len()
+            && self.eds.iter().all(|e| e.1 != ABSENT)
+        {
+            self.synced = true;
+            ctx.mark_synced(self.id, self.started);
+        }
+        let Some(spec) = ctx.current() else { return };
+        let g = spec.generation;
+        if g == self.done_generation || !spec.expected[self.id as usize] {
+            return;
+        }
+        let c = &spec.changed.names;
+        let done = c[0].iter().all(|&i| self.holds(Kind::Cluster, i, g))
+            && c[1].iter().all(|&i| self.holds(Kind::Listener, i, g))
+            && self
+                .eds
+                .iter()
+                .all(|&(k, v)| !spec.changed.contains_eds(k) || (v != ABSENT && v >= g));
+        if done {
+            self.done_generation = g;
+            spec.complete();
+        }
+    }
+
+    /// Churn: replaces one subscribed EDS name with another from the pool. Returns (old, new).
+    pub fn swap_eds(&mut self, ctx: &RunCtx, rng: &mut StdRng) -> Option<(u32, u32)> {
+        let pool = ctx.workload.eds_pool;
+        if self.eds.is_empty() || pool as usize <= self.eds.len() {
+            return None;
+        }
+        let pos = rng.random_range(0..self.eds.len());
+        let old = self.eds[pos].0;
+        let new = (0..32)
+            .map(|_| rng.random_range(0..pool))
+            .find(|n| self.eds.iter().all(|(k, _)| k != n))?;
+        self.eds[pos] = (new, ABSENT);
+        *crate::sync::lock(&ctx.eds_subs[self.id as usize]) = self.eds_indices();
+        Some((old, new))
+    }
+
+    /// (name -> version) of what this client holds of `kind`, for `initial_resource_versions`.
+    pub fn held_versions(&self, kind: Kind) -> HashMap<String, String> {
+        let held: Vec<(u32, u32)> = match kind {
+            Kind::Cluster | Kind::Listener => self.wild[kind as usize]
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (i as u32, v))
+                .collect(),
+            Kind::Endpoints => self.eds.clone(),
+        };
+        held.into_iter()
+            .filter(|&(_, v)| v != ABSENT)
+            .map(|(i, v)| (kind.name(i), version_string(v)))
+            .collect()
+    }
+}
+
+/// Runs one simulated client over `channel` until the phase drops its control sender.
+pub async fn run_client(
+    protocol: Protocol,
+    ctx: Arc<RunCtx>,
+    id: u32,
+    channel: Channel,
+    ctrl: mpsc::Receiver<Ctrl>,
+) {
+    match protocol {
+        Protocol::Delta => run_delta(ctx, id, channel, ctrl).await,
+    }
+}
+
+fn node(ctx: &RunCtx, id: u32) -> Node {
+    Node {
+        id: format!("loadgen-{id}"),
+        cluster: ctx.group.clone(),
+        ..Default::default()
+    }
+}
+
+/// The requests that open (or reopen) a Delta stream, as Envoy sends them: wildcard Clusters and
+/// Listeners (legacy wildcard: empty first subscribe), named ClusterLoadAssignments, each with the
+/// versions already held.
+fn delta_opening(state: &ClientState, node: Node) -> Vec<DeltaDiscoveryRequest> {
+    let mut out = Vec::with_capacity(3);
+    for kind in Kind::ALL {
+        out.push(DeltaDiscoveryRequest {
+            node: out.is_empty().then(|| node.clone()),
+            type_url: kind.type_url().into(),
+            resource_names_subscribe: match kind {
+                Kind::Endpoints => state.eds_indices().into_iter().map(|i| kind.name(i)).collect(),
+                _ => Vec::new(),
+            },
+            initial_resource_versions: state.held_versions(kind),
+            ..Default::default()
+        });
+    }
+    out
+}
+
+fn ack(r: &LiteResponse) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: r.type_url.clone(),
+        response_nonce: r.nonce.clone(),
+        ..Default::default()
+    }
+}
+
+enum StreamEnd {
+    Failed,
+    Churned,
+    Stop,
+}
+
+/// One Delta ADS client: opens the stream, ACKs every response, follows churn commands, reopens the
+/// stream after a failure (at most [`MAX_FAILURES`] times) with the versions it holds.
+pub async fn run_delta(ctx: Arc<RunCtx>, id: u32, channel: Channel, mut ctrl: mpsc::Receiver<Ctrl>) {
+    let mut state = ClientState::new(id, &ctx);
+    let mut rng = StdRng::seed_from_u64(ctx.workload.seed ^ u64::from(id).wrapping_mul(0x2545_f491));
+    let mut failures = 0;
+    let mut opened_before = false;
+    while failures < MAX_FAILURES {
+        let (tx, rx) = mpsc::channel(16);
+        for req in delta_opening(&state, node(&ctx, id)) {
+            let _ = tx.try_send(req);
+        }
+        let mut grpc = tonic::client::Grpc::new(channel.clone())
+            .max_decoding_message_size(256 << 20)
+            .max_encoding_message_size(256 << 20);
+        let opened = match grpc.ready().await {
+            Ok(()) => {
+                let codec = tonic_prost::ProstCodec::<DeltaDiscoveryRequest, LiteResponse>::default();
+                grpc.streaming(
+                    tonic::Request::new(ReceiverStream::new(rx)),
+                    http::uri::PathAndQuery::from_static(DELTA_PATH),
+                    codec,
+                )
+                .await
+            }
+            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+        };
+        let mut stream = match opened {
+            Ok(r) => r.into_inner(),
+            Err(status) => {
+                ctx.error(format!("client {id}: open stream: {status}"));
+                failures += 1;
+                tokio::time::sleep(Duration::from_millis(200 * u64::from(failures))).await;
+                continue;
+            }
+        };
+        if opened_before {
+            ctx.reconnects.fetch_add(1, Ordering::Relaxed);
+        } else {
+            ctx.connected.fetch_add(1, Ordering::Relaxed);
+        }
+        opened_before = true;
+        let end = loop {
+            tokio::select! {
+                m = stream.message() => match m {
+                    Ok(Some(r)) => {
+                        let n = state.apply(&r);
+                        ctx.responses.fetch_add(1, Ordering::Relaxed);
+                        ctx.resources_received.fetch_add(n as u64, Ordering::Relaxed);
+                        let _ = tx.send(ack(&r)).await;
+                        state.check(&ctx);
+                    }
+                    Ok(None) => {
+                        ctx.error(format!("client {id}: stream ended by the server"));
+                        break StreamEnd::Failed;
+                    }
+                    Err(status) => {
+                        ctx.error(format!("client {id}: {status}"));
+                        break StreamEnd::Failed;
+                    }
+                },
+                c = ctrl.recv() => match c {
+                    Some(Ctrl::Swap) => {
+                        if let Some((old, new)) = state.swap_eds(&ctx, &mut rng) {
+                            ctx.churn_events.fetch_add(1, Ordering::Relaxed);
+                            let _ = tx.send(DeltaDiscoveryRequest {
+                                type_url: Kind::Endpoints.type_url().into(),
+                                resource_names_subscribe: vec![Kind::Endpoints.name(new)],
+                                resource_names_unsubscribe: vec![Kind::Endpoints.name(old)],
+                                ..Default::default()
+                            }).await;
+                            state.check(&ctx);
+                        }
+                    }
+                    Some(Ctrl::Reconnect) => {
+                        ctx.churn_events.fetch_add(1, Ordering::Relaxed);
+                        break StreamEnd::Churned;
+                    }
+                    None => break StreamEnd::Stop,
+                },
+            }
+        };
+        match end {
+            StreamEnd::Stop => return,
+            StreamEnd::Churned => {}
+            StreamEnd::Failed => {
+                failures += 1;
+                tokio::time::sleep(Duration::from_millis(200 * u64::from(failures))).await;
+            }
+        }
+    }
+}

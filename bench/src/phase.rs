@@ -1,0 +1,462 @@
+//! One phase of a run: a target (the relay, the control plane directly, or the raw floor), its
+//! upstream, N clients connected in milestones, the updates, and the figures.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tonic::transport::Endpoint;
+
+use adsrelay::demo::ControlPlane;
+
+use crate::cli::{Args, ChurnKind};
+use crate::client::{self, Ctrl, Protocol};
+use crate::floor::{self, FloorServer};
+use crate::measure::{self, cdf, new_histogram, Dist, RunCtx, UpdateResult};
+use crate::procfs::{self, ProcSample};
+use crate::progress::Progress;
+use crate::relay_proc::RelayProcess;
+use crate::report::{Milestone, PhaseReport, RelayFigures, UpstreamFigures};
+use crate::workload::{build_resources, Versions, Workload};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Relay,
+    Direct,
+    Floor,
+}
+
+impl Target {
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Relay => "relay",
+            Target::Direct => "direct",
+            Target::Floor => "floor",
+        }
+    }
+}
+
+/// Error text with its source chain (tonic's transport errors say little at the top level).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+enum Upstream {
+    Cp {
+        cp: Arc<ControlPlane>,
+        stop: Option<oneshot::Sender<()>>,
+    },
+    Floor(Arc<FloorServer>),
+}
+
+async fn start_control_plane(
+    workload: &Workload,
+    bind: SocketAddr,
+    tasks: &mut JoinSet<()>,
+) -> Result<(Arc<ControlPlane>, SocketAddr, oneshot::Sender<()>), String> {
+    let listener = TcpListener::bind(bind)
+        .await
+        .map_err(|e| format!("control plane: bind {bind}: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let cp = ControlPlane::new(build_resources(workload, &Versions::new(workload)));
+    let (tx, rx) = oneshot::channel();
+    let serving = cp.clone();
+    tasks.spawn(async move {
+        let _ = serving
+            .serve(listener, async {
+                let _ = rx.await;
+            })
+            .await;
+    });
+    Ok((cp, addr, tx))
+}
+
+async fn grpc_connection(
+    addr: SocketAddr,
+    ctx: Arc<RunCtx>,
+    ids: Vec<u32>,
+    ctrls: Vec<mpsc::Receiver<Ctrl>>,
+    protocol: Protocol,
+    permit: OwnedSemaphorePermit,
+) {
+    let ep = Endpoint::from_shared(format!("http://{addr}"))
+        .expect("a socket address is a valid URI")
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(10))
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(8 << 20));
+    let mut channel = None;
+    for attempt in 1..=5u64 {
+        match ep.connect().await {
+            Ok(c) => {
+                channel = Some(c);
+                break;
+            }
+            Err(e) => {
+                ctx.error(format!("connect {addr}: {}", chain(&e)));
+                tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
+            }
+        }
+    }
+    drop(permit);
+    let Some(channel) = channel else { return };
+    let mut set = JoinSet::new();
+    for (id, rx) in ids.into_iter().zip(ctrls) {
+        set.spawn(client::run_client(
+            protocol,
+            ctx.clone(),
+            id,
+            channel.clone(),
+            rx,
+        ));
+    }
+    while set.join_next().await.is_some() {}
+}
+
+async fn churn(txs: Vec<mpsc::Sender<Ctrl>>, per_sec: f64, kind: ChurnKind, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xc4u64);
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_sec));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let cmd = match kind {
+        ChurnKind::Swap => Ctrl::Swap,
+        ChurnKind::Reconnect => Ctrl::Reconnect,
+    };
+    loop {
+        tick.tick().await;
+        let i = rng.random_range(0..txs.len());
+        let _ = txs[i].try_send(cmd);
+    }
+}
+
+fn sample(pid: Option<u32>) -> ProcSample {
+    pid.and_then(procfs::sample).unwrap_or_default()
+}
+
+fn rss_msg(pid: Option<u32>) -> String {
+    match pid.and_then(procfs::sample) {
+        Some(s) => format!("relay RSS {:.1} MiB", s.rss_kb as f64 / 1024.0),
+        None => String::new(),
+    }
+}
+
+/// Runs one target end to end and stops everything it started.
+pub async fn run(
+    target: Target,
+    args: &Args,
+    workload: Arc<Workload>,
+    progress: &Progress,
+) -> Result<PhaseReport, String> {
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let self_start = procfs::sample_self();
+    let mut servers = JoinSet::new();
+    let mut relay_proc = None;
+
+    // The upstream and the address clients connect to.
+    let (mut upstream, addr, pid) = match target {
+        Target::Floor => {
+            let f = FloorServer::start(workload.clone(), "127.0.0.1:0".parse().unwrap(), &mut servers)
+                .await
+                .map_err(|e| format!("floor: {e}"))?;
+            let addr = f.addr;
+            (Upstream::Floor(f), addr, None)
+        }
+        Target::Direct => {
+            let (cp, addr, stop) =
+                start_control_plane(&workload, "127.0.0.1:0".parse().unwrap(), &mut servers).await?;
+            (Upstream::Cp { cp, stop: Some(stop) }, addr, None)
+        }
+        Target::Relay => {
+            let (cp, cp_addr, stop) =
+                start_control_plane(&workload, args.upstream_listen, &mut servers).await?;
+            let up = Upstream::Cp { cp, stop: Some(stop) };
+            match args.relay_addr {
+                Some(a) => (up, a, args.relay_pid),
+                None => {
+                    let bin = args.relay_bin.clone().unwrap_or_else(crate::relay_proc::default_bin);
+                    let log = args.relay_log.clone().unwrap_or_else(|| {
+                        std::env::temp_dir()
+                            .join(format!("loadgen-relay-{}.log", std::process::id()))
+                    });
+                    let r = RelayProcess::start(&bin, cp_addr, &args.unsubscribe_linger, log, timeout)
+                        .await?;
+                    progress.line(format!(
+                        "relay: {} pid {} on {} (upstream {cp_addr}), log {}",
+                        bin.display(),
+                        r.pid,
+                        r.xds,
+                        r.log.display()
+                    ));
+                    let (a, p) = (r.xds, r.pid);
+                    relay_proc = Some(r);
+                    (up, a, Some(p))
+                }
+            }
+        }
+    };
+    if pid.is_some() {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let baseline = sample(pid);
+
+    // Connect in milestones.
+    let n = args.clients;
+    let k = args.streams_per_connection;
+    let conns = args.connections();
+    let ctx = RunCtx::new(workload.clone(), args.group.clone(), n);
+    let sem = Arc::new(Semaphore::new(args.connect_concurrency.max(1)));
+    let mut ctrl_txs = Vec::with_capacity(n as usize);
+    let mut clients = JoinSet::new();
+    let mut milestones = Vec::new();
+    let connect_start = Instant::now();
+    let mut bar = progress.bar(u64::from(n), &format!("{} sync", target.name()));
+    let mut started = 0;
+    let mut sync_ok = true;
+    for m in 1..=args.milestones.min(conns) {
+        let upto = (u64::from(conns) * u64::from(m) / u64::from(args.milestones.min(conns))) as u32;
+        for c in started..upto {
+            let ids: Vec<u32> = (c * k..((c + 1) * k).min(n)).collect();
+            let ctx = ctx.clone();
+            let sem = sem.clone();
+            match target {
+                Target::Floor => {
+                    clients.spawn(async move {
+                        let permit = sem.acquire_owned().await.expect("semaphore open");
+                        floor::run_connection(addr, ctx, ids, permit).await
+                    });
+                }
+                Target::Relay | Target::Direct => {
+                    let rxs = ids
+                        .iter()
+                        .map(|_| {
+                            let (tx, rx) = mpsc::channel(4);
+                            ctrl_txs.push(tx);
+                            rx
+                        })
+                        .collect();
+                    let protocol = args.protocol;
+                    clients.spawn(async move {
+                        let permit = sem.acquire_owned().await.expect("semaphore open");
+                        grpc_connection(addr, ctx, ids, rxs, protocol, permit).await
+                    });
+                }
+            }
+        }
+        started = upto;
+        let want = (upto * k).min(n) as usize;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let synced = ctx.synced.load(Ordering::Acquire);
+            bar.set(
+                synced as u64,
+                format!(
+                    "{} streams open, {} errors {}",
+                    ctx.connected.load(Ordering::Relaxed),
+                    ctx.errors.load(Ordering::Relaxed),
+                    rss_msg(pid)
+                ),
+            );
+            if synced >= want {
+                break;
+            }
+            if Instant::now() >= deadline {
+                sync_ok = false;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let s = sample(pid);
+        milestones.push(Milestone {
+            clients: (upto * k).min(n),
+            synced: ctx.synced.load(Ordering::Acquire),
+            elapsed_s: connect_start.elapsed().as_secs_f64(),
+            rss_kb: s.rss_kb,
+            cpu_s: s.cpu_s,
+        });
+        if !sync_ok {
+            break;
+        }
+    }
+    let connect_wall_s = connect_start.elapsed().as_secs_f64();
+    let synced = ctx.synced.load(Ordering::Acquire);
+    bar.finish(format!(
+        "{synced}/{n} synced in {connect_wall_s:.2} s, {} errors {}",
+        ctx.errors.load(Ordering::Relaxed),
+        rss_msg(pid)
+    ));
+    if !sync_ok {
+        progress.line(format!(
+            "{}: only {synced} of {n} clients synced within {timeout:?}; last error: {}",
+            target.name(),
+            crate::sync::lock(&ctx.last_error).clone().unwrap_or_default()
+        ));
+    }
+    let connected = sample(pid);
+
+    // Churn (gRPC targets only), then the updates.
+    let churn_task = (args.churn_per_sec > 0.0 && target != Target::Floor && !ctrl_txs.is_empty())
+        .then(|| {
+            tokio::spawn(churn(
+                ctrl_txs.clone(),
+                args.churn_per_sec,
+                args.churn_kind,
+                args.seed,
+            ))
+        });
+    let mut versions = Versions::new(&workload);
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let mut results: Vec<UpdateResult> = Vec::new();
+    let mut all = new_histogram();
+    let mut fanout = new_histogram();
+    let mut ubar = progress.bar(u64::from(args.updates), &format!("{} updates", target.name()));
+    for g in 1..=args.updates {
+        let began = Instant::now();
+        let changed = workload.pick(args.update_pattern, &mut rng);
+        versions.apply(&changed, g);
+        let prepared = match &upstream {
+            Upstream::Cp { .. } => Some(build_resources(&workload, &versions)),
+            Upstream::Floor(_) => None,
+        };
+        let spec = ctx.publish(g, changed);
+        match (&upstream, prepared) {
+            (Upstream::Cp { cp, .. }, Some(res)) => cp.set_resources(res),
+            (Upstream::Floor(f), _) => f.push(&spec.changed, g),
+            _ => unreachable!("resources are prepared for a control plane"),
+        }
+        let expected = spec.expected_count;
+        let timed_out = measure::wait_update(&spec, timeout, |done| {
+            ubar.set(u64::from(g - 1), format!("update {g}: {done}/{expected} clients"))
+        })
+        .await;
+        let res = UpdateResult::from_spec(&spec, timed_out);
+        for &us in crate::sync::lock(&spec.latencies_us).iter() {
+            let _ = all.record(us.max(1));
+        }
+        if res.delivered_clients > 0 {
+            let _ = fanout.record(((res.max_ms * 1000.0) as u64).max(1));
+        }
+        ubar.set(
+            u64::from(g),
+            format!(
+                "last: p50 {:.2} p99 {:.2} max {:.2} ms{}",
+                res.p50_ms,
+                res.p99_ms,
+                res.max_ms,
+                if timed_out { " TIMED OUT" } else { "" }
+            ),
+        );
+        results.push(res);
+        let next = began + Duration::from_millis(args.update_interval_ms);
+        tokio::time::sleep_until(next.into()).await;
+    }
+    ubar.finish(format!(
+        "{} updates: p50 {:.2} p99 {:.2} max {:.2} ms",
+        results.len(),
+        Dist::from_us(&all).p50_ms,
+        Dist::from_us(&all).p99_ms,
+        Dist::from_us(&all).max_ms
+    ));
+    if args.hold_secs > 0 {
+        progress.line(format!("{}: holding {} s", target.name(), args.hold_secs));
+        tokio::time::sleep(Duration::from_secs(args.hold_secs)).await;
+    }
+    let after = sample(pid);
+    if let Some(t) = churn_task {
+        t.abort();
+    }
+
+    // Figures.
+    let deliveries: u64 = results.iter().map(|r| r.delivered_clients as u64).sum();
+    let missed: u64 = results
+        .iter()
+        .map(|r| (r.expected_clients - r.delivered_clients.min(r.expected_clients)) as u64)
+        .sum();
+    let busy_s: f64 = results.iter().map(|r| r.max_ms).sum::<f64>() / 1000.0;
+    let upstream_figs = match &upstream {
+        Upstream::Cp { cp, .. } => {
+            let s = cp.stats();
+            Some(UpstreamFigures {
+                streams_opened: s.streams_opened,
+                active_streams: s.active_streams,
+                requests: s.requests,
+            })
+        }
+        Upstream::Floor(_) => None,
+    };
+    let relay = pid.map(|pid| {
+        let cpu_updates_s = after.cpu_s - connected.cpu_s;
+        RelayFigures {
+            pid,
+            log: relay_proc.as_ref().map(|r| r.log.display().to_string()),
+            baseline,
+            connected,
+            after_updates: after,
+            rss_per_client_kb: (connected.rss_kb as f64 - baseline.rss_kb as f64)
+                / f64::from(n.max(1)),
+            cpu_connect_s: connected.cpu_s - baseline.cpu_s,
+            cpu_updates_s,
+            cpu_per_delivery_us: if deliveries > 0 {
+                cpu_updates_s * 1e6 / deliveries as f64
+            } else {
+                0.0
+            },
+            milestones,
+        }
+    });
+    let report = PhaseReport {
+        target: target.name().into(),
+        clients: n,
+        connections: conns,
+        connected: ctx.connected.load(Ordering::Relaxed) as u64,
+        synced,
+        connect_wall_s,
+        time_to_sync: Dist::from_us(&crate::sync::lock(&ctx.sync_us)),
+        latency: Dist::from_us(&all),
+        update_fanout: Dist::from_us(&fanout),
+        updates: results,
+        deliveries,
+        deliveries_per_sec: if busy_s > 0.0 {
+            deliveries as f64 / busy_s
+        } else {
+            0.0
+        },
+        missed_deliveries: missed,
+        responses: ctx.responses.load(Ordering::Relaxed),
+        resources_received: ctx.resources_received.load(Ordering::Relaxed),
+        errors: ctx.errors.load(Ordering::Relaxed),
+        last_error: crate::sync::lock(&ctx.last_error).clone(),
+        reconnects: ctx.reconnects.load(Ordering::Relaxed),
+        churn_events: ctx.churn_events.load(Ordering::Relaxed),
+        upstream: upstream_figs,
+        relay,
+        loadgen_cpu_s: procfs::sample_self().cpu_s - self_start.cpu_s,
+        cdf: cdf(&all, 200),
+    };
+
+    // Stop: clients, then the relay, then the upstream.
+    drop(ctrl_txs);
+    clients.shutdown().await;
+    if let Some(r) = relay_proc {
+        r.stop().await;
+    }
+    if let Upstream::Cp { cp, stop } = &mut upstream {
+        if let Some(s) = stop.take() {
+            let _ = s.send(());
+        }
+        cp.disconnect_all();
+    }
+    servers.shutdown().await;
+    Ok(report)
+}

@@ -1,0 +1,89 @@
+//! /proc sampling (CPU time, RSS) and the open-file limit.
+
+use serde::Serialize;
+
+/// A process's CPU time so far and its resident set.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct ProcSample {
+    /// utime + stime, seconds.
+    pub cpu_s: f64,
+    pub rss_kb: u64,
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// Samples `/proc/PID/stat` (utime, stime) and `/proc/PID/status` (VmRSS). `None` if the process
+/// is gone.
+pub fn sample(pid: u32) -> Option<ProcSample> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command: state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    Some(ProcSample {
+        cpu_s: (utime + stime) as f64 / clock_ticks(),
+        rss_kb,
+    })
+}
+
+pub fn sample_self() -> ProcSample {
+    sample(std::process::id()).unwrap_or_default()
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit; returns the soft limit now in force.
+pub fn raise_nofile() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write/read the struct we pass and nothing else.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+    }
+    lim.rlim_cur as u64
+}
+
+/// Sends SIGTERM (or SIGKILL) to a process this program started.
+pub fn signal(pid: u32, kill: bool) {
+    let sig = if kill { libc::SIGKILL } else { libc::SIGTERM };
+    // SAFETY: kill(2) with a pid we spawned ourselves.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn samples_itself() {
+        let s = super::sample_self();
+        assert!(s.rss_kb > 0);
+        assert!(s.cpu_s >= 0.0);
+    }
+}

@@ -1,0 +1,221 @@
+//! The result of a run: per-target figures, relay/direct and relay/floor ratios, the JSON file and
+//! the console summary.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::cli::Args;
+use crate::measure::{Dist, UpdateResult};
+use crate::procfs::ProcSample;
+use crate::workload::Workload;
+
+/// RSS and CPU of the relay when `clients` had been started and `synced` of them held everything.
+#[derive(Debug, Clone, Serialize)]
+pub struct Milestone {
+    pub clients: u32,
+    pub synced: usize,
+    pub elapsed_s: f64,
+    pub rss_kb: u64,
+    pub cpu_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RelayFigures {
+    pub pid: u32,
+    pub log: Option<String>,
+    /// Relay started and ready, no clients.
+    pub baseline: ProcSample,
+    /// Every client connected and synced.
+    pub connected: ProcSample,
+    /// After the updates (and --hold-secs).
+    pub after_updates: ProcSample,
+    /// (connected RSS - baseline RSS) / clients.
+    pub rss_per_client_kb: f64,
+    pub cpu_connect_s: f64,
+    pub cpu_updates_s: f64,
+    /// Relay CPU during the updates divided by the deliveries.
+    pub cpu_per_delivery_us: f64,
+    pub milestones: Vec<Milestone>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UpstreamFigures {
+    pub streams_opened: u64,
+    pub active_streams: u64,
+    pub requests: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseReport {
+    /// relay, direct or floor.
+    pub target: String,
+    pub clients: u32,
+    pub connections: u32,
+    pub connected: u64,
+    pub synced: usize,
+    pub connect_wall_s: f64,
+    /// Per client: from its task start to holding its whole initial set.
+    pub time_to_sync: Dist,
+    pub updates: Vec<UpdateResult>,
+    /// Every (client, update): from set_resources to the client holding the new version.
+    pub latency: Dist,
+    /// Per update: until the last expected client held it.
+    pub update_fanout: Dist,
+    pub deliveries: u64,
+    pub deliveries_per_sec: f64,
+    pub missed_deliveries: u64,
+    pub responses: u64,
+    pub resources_received: u64,
+    pub errors: u64,
+    pub last_error: Option<String>,
+    pub reconnects: u64,
+    pub churn_events: u64,
+    pub upstream: Option<UpstreamFigures>,
+    pub relay: Option<RelayFigures>,
+    /// CPU of the loadgen process itself during this phase (clients, and the in-process upstream).
+    pub loadgen_cpu_s: f64,
+    /// (latency ms, fraction) of the per-client latency distribution.
+    pub cdf: Vec<(f64, f64)>,
+}
+
+/// Relay figure divided by another target's.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+    pub update_fanout_p99: f64,
+    pub deliveries_per_sec: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Ratios {
+    pub relay_over_direct: Option<Ratio>,
+    pub relay_over_floor: Option<Ratio>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub name: String,
+    pub unix_time: u64,
+    pub open_file_limit: u64,
+    pub args: Args,
+    pub workload: Workload,
+    pub phases: Vec<PhaseReport>,
+    pub ratios: Ratios,
+}
+
+fn div(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
+fn ratio(relay: &PhaseReport, other: &PhaseReport) -> Ratio {
+    Ratio {
+        p50: div(relay.latency.p50_ms, other.latency.p50_ms),
+        p99: div(relay.latency.p99_ms, other.latency.p99_ms),
+        max: div(relay.latency.max_ms, other.latency.max_ms),
+        update_fanout_p99: div(relay.update_fanout.p99_ms, other.update_fanout.p99_ms),
+        deliveries_per_sec: div(relay.deliveries_per_sec, other.deliveries_per_sec),
+    }
+}
+
+pub fn ratios(phases: &[PhaseReport]) -> Ratios {
+    let find = |t: &str| phases.iter().find(|p| p.target == t);
+    let Some(relay) = find("relay") else {
+        return Ratios::default();
+    };
+    Ratios {
+        relay_over_direct: find("direct").map(|d| ratio(relay, d)),
+        relay_over_floor: find("floor").map(|f| ratio(relay, f)),
+    }
+}
+
+/// The human summary printed at the end of a run.
+pub fn summary(r: &RunReport) -> String {
+    let mut s = String::new();
+    let w = &r.workload;
+    let _ = writeln!(
+        s,
+        "\n== {}: {} clients on {} connections, {} clusters + {} listeners (wildcard), {} of {} EDS each, {} B bodies, {} updates ({:?})",
+        r.name,
+        r.args.clients,
+        r.args.connections(),
+        w.clusters,
+        w.listeners,
+        w.eds_per_client,
+        w.eds_pool,
+        w.resource_bytes,
+        r.args.updates,
+        r.args.update_pattern
+    );
+    let _ = writeln!(
+        s,
+        "{:<7} {:>7} {:>9} {:>8} {:>8} {:>8} {:>11} {:>11} {:>10} {:>7} {:>7}",
+        "target", "synced", "sync p99", "p50 ms", "p99 ms", "max ms", "fanout p50", "fanout max", "deliv/s", "missed", "errors"
+    );
+    for p in &r.phases {
+        let _ = writeln!(
+            s,
+            "{:<7} {:>7} {:>9.1} {:>8.2} {:>8.2} {:>8.2} {:>11.2} {:>11.2} {:>10.0} {:>7} {:>7}",
+            p.target,
+            p.synced,
+            p.time_to_sync.p99_ms,
+            p.latency.p50_ms,
+            p.latency.p99_ms,
+            p.latency.max_ms,
+            p.update_fanout.p50_ms,
+            p.update_fanout.max_ms,
+            p.deliveries_per_sec,
+            p.missed_deliveries,
+            p.errors
+        );
+    }
+    for p in &r.phases {
+        if let Some(u) = &p.upstream {
+            let _ = writeln!(
+                s,
+                "{:<7} upstream: {} streams opened, {} requests; loadgen CPU {:.2} s",
+                p.target, u.streams_opened, u.requests, p.loadgen_cpu_s
+            );
+        } else {
+            let _ = writeln!(s, "{:<7} loadgen CPU {:.2} s", p.target, p.loadgen_cpu_s);
+        }
+        if let Some(e) = &p.last_error {
+            let _ = writeln!(s, "{:<7} last error: {e}", p.target);
+        }
+    }
+    if let Some(rf) = r.phases.iter().find_map(|p| p.relay.as_ref()) {
+        let mb = |kb: u64| kb as f64 / 1024.0;
+        let _ = writeln!(
+            s,
+            "relay   RSS: baseline {:.1} MiB, connected {:.1} MiB, after updates {:.1} MiB; {:.1} KiB per client",
+            mb(rf.baseline.rss_kb),
+            mb(rf.connected.rss_kb),
+            mb(rf.after_updates.rss_kb),
+            rf.rss_per_client_kb
+        );
+        let _ = writeln!(
+            s,
+            "relay   CPU: {:.2} s connecting, {:.2} s during updates ({:.1} us per delivery)",
+            rf.cpu_connect_s, rf.cpu_updates_s, rf.cpu_per_delivery_us
+        );
+    }
+    for (label, ra) in [
+        ("relay/direct", &r.ratios.relay_over_direct),
+        ("relay/floor", &r.ratios.relay_over_floor),
+    ] {
+        if let Some(x) = ra {
+            let _ = writeln!(
+                s,
+                "{label:<13} latency p50 x{:.2}, p99 x{:.2}, max x{:.2}; fan-out p99 x{:.2}; deliveries/s x{:.2}",
+                x.p50, x.p99, x.max, x.update_fanout_p99, x.deliveries_per_sec
+            );
+        }
+    }
+    s
+}

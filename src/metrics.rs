@@ -1,0 +1,571 @@
+//! Every metric the relay exports, with its name and HELP text, in one place; rendered in the
+//! Prometheus text format on the admin port (`/metrics`).
+//!
+//! The recorder is per [`crate::relay::Relay`], not process-global: tests run several relays in
+//! one process, and the demo runs a control plane beside the relay. Labels are bounded: `type_url`
+//! (capped at [`MAX_TYPE_LABELS`] distinct values, the rest reported as `other`), `group` (one per
+//! aggregation group, each of which already costs an upstream stream), `protocol` (`delta` or
+//! `sotw`) and `reason` (a fixed set). Never a per-client label.
+//!
+//! Counters on hot paths are registered once per label set and kept as handles. Gauges that
+//! describe state (streams, subscriptions, cache size, upstream state) are computed when
+//! `/metrics` is scraped, so the data path pays nothing for them.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use dashmap::DashMap;
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+
+use crate::sync::lock;
+
+/// Distinct `type_url` label values before further ones are reported as `other`.
+pub const MAX_TYPE_LABELS: usize = 64;
+pub const OTHER_TYPE: &str = "other";
+
+/// Metric names. Each has a HELP text in [`DESCRIPTIONS`].
+pub mod name {
+    pub const BUILD_INFO: &str = "adsrelay_build_info";
+    pub const DOWNSTREAM_CONNECTIONS: &str = "adsrelay_downstream_connections";
+    pub const DOWNSTREAM_CONNECTIONS_ACCEPTED: &str =
+        "adsrelay_downstream_connections_accepted_total";
+    pub const DOWNSTREAM_STREAMS: &str = "adsrelay_downstream_streams";
+    pub const DOWNSTREAM_STREAMS_OPENED: &str = "adsrelay_downstream_streams_opened_total";
+    pub const DOWNSTREAM_STREAMS_REJECTED: &str = "adsrelay_downstream_streams_rejected_total";
+    pub const DOWNSTREAM_SUBSCRIPTIONS: &str = "adsrelay_downstream_subscriptions";
+    pub const DOWNSTREAM_RESPONSES: &str = "adsrelay_downstream_responses_total";
+    pub const DOWNSTREAM_RESOURCES_SENT: &str = "adsrelay_downstream_resources_sent_total";
+    pub const DOWNSTREAM_SENT_BYTES: &str = "adsrelay_downstream_sent_bytes_total";
+    pub const DOWNSTREAM_ACKS: &str = "adsrelay_downstream_acks_total";
+    pub const DOWNSTREAM_NACKS: &str = "adsrelay_downstream_nacks_total";
+    pub const FANOUT_LATENCY: &str = "adsrelay_fanout_latency_seconds";
+    pub const CACHE_RESOURCES: &str = "adsrelay_cache_resources";
+    pub const CACHE_VARIANTS: &str = "adsrelay_cache_variants";
+    pub const CACHE_BYTES: &str = "adsrelay_cache_bytes";
+    pub const CACHE_HITS: &str = "adsrelay_cache_hits_total";
+    pub const CACHE_MISSES: &str = "adsrelay_cache_misses_total";
+    pub const UPSTREAM_CONNECTED: &str = "adsrelay_upstream_connected";
+    pub const UPSTREAM_SUBSCRIPTIONS: &str = "adsrelay_upstream_subscriptions";
+    pub const UPSTREAM_CONNECTS: &str = "adsrelay_upstream_connects_total";
+    pub const UPSTREAM_RECONNECTS: &str = "adsrelay_upstream_reconnects_total";
+    pub const UPSTREAM_RESPONSES: &str = "adsrelay_upstream_responses_total";
+    pub const UPSTREAM_ACKS: &str = "adsrelay_upstream_acks_total";
+    pub const UPSTREAM_NACKS: &str = "adsrelay_upstream_nacks_total";
+    pub const UPSTREAM_LAST_RESPONSE_AGE: &str = "adsrelay_upstream_last_response_age_seconds";
+}
+
+/// (name, HELP text). README's "Metrics" table mirrors this list.
+pub const DESCRIPTIONS: &[(&str, &str)] = &[
+    (name::BUILD_INFO, "Always 1; the version label is the relay's version."),
+    (name::DOWNSTREAM_CONNECTIONS, "Open downstream (client) TCP connections on the xDS port."),
+    (name::DOWNSTREAM_CONNECTIONS_ACCEPTED, "Downstream TCP connections accepted on the xDS port."),
+    (name::DOWNSTREAM_STREAMS, "Open downstream xDS streams, by protocol (delta or sotw)."),
+    (name::DOWNSTREAM_STREAMS_OPENED, "Downstream xDS streams opened (first request accepted), by protocol."),
+    (
+        name::DOWNSTREAM_STREAMS_REJECTED,
+        "Downstream xDS streams ended by the relay because of a bad request, by reason (missing_node: first request without node; invalid_request: e.g. empty or mismatched type_url).",
+    ),
+    (
+        name::DOWNSTREAM_SUBSCRIPTIONS,
+        "Downstream subscriptions, by type: (stream, resource name) pairs, a wildcard counting as one.",
+    ),
+    (name::DOWNSTREAM_RESPONSES, "xDS responses written to downstream clients, by type and protocol."),
+    (name::DOWNSTREAM_RESOURCES_SENT, "Resources (and Delta removals) written to downstream clients, by type."),
+    (name::DOWNSTREAM_SENT_BYTES, "Encoded size of the xDS responses written to downstream clients, by type."),
+    (name::DOWNSTREAM_ACKS, "Responses downstream clients accepted (ACK), by type."),
+    (name::DOWNSTREAM_NACKS, "Responses downstream clients rejected (NACK), by type."),
+    (
+        name::FANOUT_LATENCY,
+        "Time from the receipt of an upstream response to the write of the first downstream response carrying its change, per stream.",
+    ),
+    (name::CACHE_RESOURCES, "Resources held in the cache, by type, summed over groups."),
+    (
+        name::CACHE_VARIANTS,
+        "Cached resource variants, by type, summed over groups (equal to adsrelay_cache_resources while every resource has one variant).",
+    ),
+    (name::CACHE_BYTES, "Encoded bytes of the resources held in the cache, by type, summed over groups."),
+    (
+        name::CACHE_HITS,
+        "New downstream subscriptions the cache could answer at once (the name known present or absent, or the wildcard already synced), by type.",
+    ),
+    (
+        name::CACHE_MISSES,
+        "New downstream subscriptions that had to wait for the upstream (name or wildcard not known yet), by type.",
+    ),
+    (name::UPSTREAM_CONNECTED, "1 while the group's upstream Delta ADS stream is open, else 0."),
+    (
+        name::UPSTREAM_SUBSCRIPTIONS,
+        "Distinct resource names (and wildcards) the group holds subscribed upstream, including lingering ones.",
+    ),
+    (name::UPSTREAM_CONNECTS, "Upstream streams opened by the group."),
+    (name::UPSTREAM_RECONNECTS, "Upstream streams opened by the group after an earlier one ended."),
+    (name::UPSTREAM_RESPONSES, "Responses received from the control plane by the group."),
+    (name::UPSTREAM_ACKS, "Upstream responses the relay accepted (ACK) for the group."),
+    (name::UPSTREAM_NACKS, "Upstream responses the relay rejected (NACK) for the group."),
+    (
+        name::UPSTREAM_LAST_RESPONSE_AGE,
+        "Seconds since the group last received a response from the control plane (absent before the first).",
+    ),
+];
+
+/// Fan-out latency buckets, in seconds.
+const FANOUT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+pub const PROTOCOLS: [&str; 2] = ["delta", "sotw"];
+
+/// Why a downstream stream was ended by the relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    MissingNode,
+    InvalidRequest,
+}
+
+impl Rejection {
+    fn label(self) -> &'static str {
+        match self {
+            Rejection::MissingNode => "missing_node",
+            Rejection::InvalidRequest => "invalid_request",
+        }
+    }
+}
+
+fn protocol_index(protocol: &str) -> usize {
+    usize::from(protocol != "delta")
+}
+
+/// Hot-path counters of one type_url label value.
+#[derive(Debug)]
+struct TypeCounters {
+    responses: [Counter; 2],
+    resources_sent: Counter,
+    sent_bytes: Counter,
+    acks: Counter,
+    nacks: Counter,
+    hits: Counter,
+    misses: Counter,
+}
+
+/// Values computed at scrape time.
+#[derive(Debug, Default)]
+pub struct ScrapeState {
+    pub streams: [i64; 2],
+    pub subscriptions: HashMap<String, usize>,
+    pub cache: HashMap<String, (usize, usize)>,
+    pub groups: Vec<GroupScrape>,
+}
+
+#[derive(Debug, Default)]
+pub struct GroupScrape {
+    pub group: String,
+    pub connected: bool,
+    pub subscriptions: usize,
+    pub streams_opened: u64,
+    pub responses: u64,
+    pub nacks_sent: u64,
+    pub last_response: Option<SystemTime>,
+}
+
+/// A scrape-time gauge: name and label pairs.
+type GaugeKey = (&'static str, Vec<(&'static str, String)>);
+
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    types: DashMap<String, Arc<TypeCounters>>,
+    /// type_url label values handed out so far (bounded by [`MAX_TYPE_LABELS`]).
+    type_labels: Mutex<HashSet<String>>,
+    streams_opened: [Counter; 2],
+    rejected: [Counter; 2],
+    connections_accepted: Counter,
+    fanout: Histogram,
+    /// Open downstream connections (kept by [`CountedIo`]).
+    pub connections: Arc<AtomicI64>,
+    /// Label sets of scrape-time gauges set before, so vanished ones are reset to 0.
+    seen_gauges: Mutex<HashSet<GaugeKey>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(name::FANOUT_LATENCY.into()), FANOUT_BUCKETS)
+            .expect("non-empty buckets")
+            .build_recorder();
+        for (n, help) in DESCRIPTIONS {
+            let key = KeyName::from_const_str(n);
+            let help = SharedString::const_str(help);
+            if n.ends_with("_total") {
+                recorder.describe_counter(key, None, help);
+            } else if *n == name::FANOUT_LATENCY {
+                recorder.describe_histogram(key, None, help);
+            } else {
+                recorder.describe_gauge(key, None, help);
+            }
+        }
+        let handle = recorder.handle();
+        let counter = |n: &'static str, labels: Vec<Label>| {
+            recorder.register_counter(&Key::from_parts(n, labels), &METADATA)
+        };
+        let by_protocol =
+            |n: &'static str| PROTOCOLS.map(|p| counter(n, vec![Label::new("protocol", p)]));
+        let streams_opened = by_protocol(name::DOWNSTREAM_STREAMS_OPENED);
+        let rejected = [Rejection::MissingNode, Rejection::InvalidRequest].map(|r| {
+            counter(
+                name::DOWNSTREAM_STREAMS_REJECTED,
+                vec![Label::new("reason", r.label())],
+            )
+        });
+        let connections_accepted = counter(name::DOWNSTREAM_CONNECTIONS_ACCEPTED, vec![]);
+        let fanout = recorder.register_histogram(&Key::from_name(name::FANOUT_LATENCY), &METADATA);
+        recorder
+            .register_gauge(
+                &Key::from_parts(
+                    name::BUILD_INFO,
+                    vec![Label::new("version", env!("CARGO_PKG_VERSION"))],
+                ),
+                &METADATA,
+            )
+            .set(1.0);
+        Metrics {
+            recorder,
+            handle,
+            types: DashMap::new(),
+            type_labels: Mutex::new(HashSet::new()),
+            streams_opened,
+            rejected,
+            connections_accepted,
+            fanout,
+            connections: Arc::new(AtomicI64::new(0)),
+            seen_gauges: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The label value for a type_url: itself for the first [`MAX_TYPE_LABELS`] distinct ones,
+    /// then `other`, so a client inventing type URLs cannot blow up the series count.
+    pub fn type_label(&self, type_url: &str) -> String {
+        let mut labels = lock(&self.type_labels);
+        if labels.contains(type_url) {
+            return type_url.to_string();
+        }
+        if labels.len() < MAX_TYPE_LABELS {
+            labels.insert(type_url.to_string());
+            return type_url.to_string();
+        }
+        OTHER_TYPE.to_string()
+    }
+
+    fn per_type(&self, type_url: &str) -> Arc<TypeCounters> {
+        if let Some(c) = self.types.get(type_url) {
+            return c.clone();
+        }
+        let label = self.type_label(type_url);
+        let counter = |n: &'static str, extra: Option<Label>| {
+            let mut labels = vec![Label::new("type_url", label.clone())];
+            labels.extend(extra);
+            self.recorder
+                .register_counter(&Key::from_parts(n, labels), &METADATA)
+        };
+        let c = Arc::new(TypeCounters {
+            responses: PROTOCOLS
+                .map(|p| counter(name::DOWNSTREAM_RESPONSES, Some(Label::new("protocol", p)))),
+            resources_sent: counter(name::DOWNSTREAM_RESOURCES_SENT, None),
+            sent_bytes: counter(name::DOWNSTREAM_SENT_BYTES, None),
+            acks: counter(name::DOWNSTREAM_ACKS, None),
+            nacks: counter(name::DOWNSTREAM_NACKS, None),
+            hits: counter(name::CACHE_HITS, None),
+            misses: counter(name::CACHE_MISSES, None),
+        });
+        // Types beyond the label cap share the `other` counters but each gets its own map entry;
+        // cap the map too, so it stays bounded.
+        if self.types.len() < 4 * MAX_TYPE_LABELS {
+            self.types.insert(type_url.to_string(), c.clone());
+        }
+        c
+    }
+
+    pub fn stream_opened(&self, protocol: &str) {
+        self.streams_opened[protocol_index(protocol)].increment(1);
+    }
+
+    pub fn stream_rejected(&self, reason: Rejection) {
+        self.rejected[reason as usize].increment(1);
+    }
+
+    pub fn connection_accepted(&self) {
+        self.connections_accepted.increment(1);
+    }
+
+    pub fn response_sent(&self, protocol: &str, type_url: &str, resources: usize, bytes: usize) {
+        let c = self.per_type(type_url);
+        c.responses[protocol_index(protocol)].increment(1);
+        c.resources_sent.increment(resources as u64);
+        c.sent_bytes.increment(bytes as u64);
+    }
+
+    pub fn client_ack(&self, type_url: &str, nack: bool) {
+        let c = self.per_type(type_url);
+        if nack {
+            c.nacks.increment(1)
+        } else {
+            c.acks.increment(1)
+        }
+    }
+
+    pub fn cache_lookups(&self, type_url: &str, hits: u64, misses: u64) {
+        if hits + misses == 0 {
+            return;
+        }
+        let c = self.per_type(type_url);
+        c.hits.increment(hits);
+        c.misses.increment(misses);
+    }
+
+    pub fn fanout_latency(&self, received_at: Instant) {
+        self.fanout.record(received_at.elapsed().as_secs_f64());
+    }
+
+    fn gauge(&self, n: &'static str, labels: Vec<(&'static str, String)>, value: f64) {
+        lock(&self.seen_gauges).insert((n, labels.clone()));
+        self.gauge_handle(n, &labels).set(value);
+    }
+
+    fn gauge_handle(&self, n: &'static str, labels: &[(&'static str, String)]) -> Gauge {
+        let labels: Vec<Label> = labels
+            .iter()
+            .map(|(k, v)| Label::new(*k, v.clone()))
+            .collect();
+        self.recorder
+            .register_gauge(&Key::from_parts(n, labels), &METADATA)
+    }
+
+    fn counter_absolute(&self, n: &'static str, labels: Vec<Label>, value: u64) {
+        self.recorder
+            .register_counter(&Key::from_parts(n, labels), &METADATA)
+            .absolute(value);
+    }
+
+    /// Sets the scrape-time gauges from `state` and renders everything in the Prometheus text
+    /// format.
+    pub fn render(&self, state: ScrapeState) -> String {
+        let previous = std::mem::take(&mut *lock(&self.seen_gauges));
+        self.gauge(
+            name::DOWNSTREAM_CONNECTIONS,
+            vec![],
+            self.connections.load(Ordering::Relaxed) as f64,
+        );
+        for (i, p) in PROTOCOLS.iter().enumerate() {
+            self.gauge(
+                name::DOWNSTREAM_STREAMS,
+                vec![("protocol", p.to_string())],
+                state.streams[i] as f64,
+            );
+        }
+        let mut subscriptions: HashMap<String, usize> = HashMap::new();
+        for (t, n) in state.subscriptions {
+            *subscriptions.entry(self.type_label(&t)).or_default() += n;
+        }
+        for (t, n) in subscriptions {
+            self.gauge(
+                name::DOWNSTREAM_SUBSCRIPTIONS,
+                vec![("type_url", t)],
+                n as f64,
+            );
+        }
+        let mut cache: HashMap<String, (usize, usize)> = HashMap::new();
+        for (t, (n, b)) in state.cache {
+            let e = cache.entry(self.type_label(&t)).or_default();
+            e.0 += n;
+            e.1 += b;
+        }
+        for (t, (n, b)) in cache {
+            self.gauge(
+                name::CACHE_RESOURCES,
+                vec![("type_url", t.clone())],
+                n as f64,
+            );
+            self.gauge(
+                name::CACHE_VARIANTS,
+                vec![("type_url", t.clone())],
+                n as f64,
+            );
+            self.gauge(name::CACHE_BYTES, vec![("type_url", t)], b as f64);
+        }
+        let now = SystemTime::now();
+        for g in state.groups {
+            let group = || vec![Label::new("group", g.group.clone())];
+            self.gauge(
+                name::UPSTREAM_CONNECTED,
+                vec![("group", g.group.clone())],
+                if g.connected { 1.0 } else { 0.0 },
+            );
+            self.gauge(
+                name::UPSTREAM_SUBSCRIPTIONS,
+                vec![("group", g.group.clone())],
+                g.subscriptions as f64,
+            );
+            if let Some(t) = g.last_response {
+                let age = now.duration_since(t).unwrap_or(Duration::ZERO);
+                self.gauge(
+                    name::UPSTREAM_LAST_RESPONSE_AGE,
+                    vec![("group", g.group.clone())],
+                    age.as_secs_f64(),
+                );
+            }
+            self.counter_absolute(name::UPSTREAM_CONNECTS, group(), g.streams_opened);
+            self.counter_absolute(
+                name::UPSTREAM_RECONNECTS,
+                group(),
+                g.streams_opened.saturating_sub(1),
+            );
+            self.counter_absolute(name::UPSTREAM_RESPONSES, group(), g.responses);
+            self.counter_absolute(name::UPSTREAM_NACKS, group(), g.nacks_sent);
+            self.counter_absolute(
+                name::UPSTREAM_ACKS,
+                group(),
+                g.responses.saturating_sub(g.nacks_sent),
+            );
+        }
+        // Label sets that disappeared (a type no longer cached, ...) read 0, not their last value.
+        let current = lock(&self.seen_gauges).clone();
+        for (n, labels) in previous.difference(&current) {
+            self.gauge_handle(n, labels).set(0.0);
+        }
+        self.handle.render()
+    }
+}
+
+/// A downstream connection, counted in [`Metrics::connections`] while it is open.
+#[derive(Debug)]
+pub struct CountedIo {
+    inner: tokio::net::TcpStream,
+    open: Arc<AtomicI64>,
+}
+
+impl CountedIo {
+    pub fn new(inner: tokio::net::TcpStream, metrics: &Metrics) -> Self {
+        metrics.connection_accepted();
+        metrics.connections.fetch_add(1, Ordering::Relaxed);
+        CountedIo {
+            inner,
+            open: metrics.connections.clone(),
+        }
+    }
+}
+
+impl Drop for CountedIo {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl tonic::transport::server::Connected for CountedIo {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for CountedIo {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for CountedIo {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_described_once_and_well_formed() {
+        let mut seen = HashSet::new();
+        for (n, help) in DESCRIPTIONS {
+            assert!(seen.insert(*n), "{n} described twice");
+            assert!(n.starts_with("adsrelay_"), "{n}");
+            assert!(!help.is_empty());
+        }
+    }
+
+    #[test]
+    fn type_labels_are_capped() {
+        let m = Metrics::new();
+        for i in 0..MAX_TYPE_LABELS + 10 {
+            m.response_sent("delta", &format!("t{i}"), 1, 10);
+        }
+        let out = m.render(ScrapeState::default());
+        assert!(out.contains("type_url=\"other\""));
+        let series = out
+            .lines()
+            .filter(|l| l.starts_with(name::DOWNSTREAM_RESOURCES_SENT))
+            .count();
+        assert_eq!(series, MAX_TYPE_LABELS + 1);
+    }
+
+    #[test]
+    fn renders_help_and_vanished_gauges_as_zero() {
+        let m = Metrics::new();
+        let mut s = ScrapeState::default();
+        s.cache.insert("t".into(), (2, 100));
+        let out = m.render(s);
+        assert!(out.contains("# HELP adsrelay_cache_bytes"));
+        assert!(out.contains("adsrelay_cache_bytes{type_url=\"t\"} 100"));
+        let out = m.render(ScrapeState::default());
+        assert!(out.contains("adsrelay_cache_bytes{type_url=\"t\"} 0"));
+    }
+}
