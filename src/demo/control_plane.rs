@@ -17,6 +17,7 @@ use tonic::Status;
 use crate::downstream::{Mailbox, StreamHost};
 use crate::pb::core::Node;
 use crate::sync::lock;
+use crate::xds::constraints::params_of;
 use crate::xds::{CachedResource, Locator, RequestEffects, Store, StreamId, XdsRequest};
 
 /// What the control plane has seen, for tests and the demo's log.
@@ -25,7 +26,8 @@ pub struct Stats {
     pub streams_opened: u64,
     pub active_streams: u64,
     pub requests: u64,
-    /// (type_url, name) -> how many requests listed it in `resource_names_subscribe`.
+    /// (type_url, name) -> how many requests listed it in `resource_names_subscribe`; locators in
+    /// `resource_locators_subscribe` are counted as `name{k=v,...}`.
     pub subscribes: BTreeMap<(String, String), u64>,
     /// (type_url, name) -> how many requests listed it in `resource_names_unsubscribe`.
     pub unsubscribes: BTreeMap<(String, String), u64>,
@@ -113,10 +115,18 @@ impl StreamHost for ControlPlane {
         stats.requests += 1;
         // Only Delta requests (the relay's upstream protocol) are broken down by name.
         let Some(req) = req.as_delta() else { return };
-        for n in &req.resource_names_subscribe {
+        let locator = |l: &crate::pb::discovery::ResourceLocator| {
+            Locator::with_params(l.name.as_str(), std::sync::Arc::new(params_of(l))).to_string()
+        };
+        let subscribed = req
+            .resource_names_subscribe
+            .iter()
+            .cloned()
+            .chain(req.resource_locators_subscribe.iter().map(locator));
+        for n in subscribed {
             *stats
                 .subscribes
-                .entry((req.type_url.clone(), n.clone()))
+                .entry((req.type_url.clone(), n))
                 .or_default() += 1;
         }
         for (n, v) in &req.initial_resource_versions {
@@ -124,10 +134,15 @@ impl StreamHost for ControlPlane {
                 .initial_versions
                 .insert((req.type_url.clone(), n.clone()), v.clone());
         }
-        for n in &req.resource_names_unsubscribe {
+        let unsubscribed = req
+            .resource_names_unsubscribe
+            .iter()
+            .cloned()
+            .chain(req.resource_locators_unsubscribe.iter().map(locator));
+        for n in unsubscribed {
             *stats
                 .unsubscribes
-                .entry((req.type_url.clone(), n.clone()))
+                .entry((req.type_url.clone(), n))
                 .or_default() += 1;
         }
     }

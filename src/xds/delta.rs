@@ -520,7 +520,7 @@ impl DeltaStream {
                     return;
                 }
                 let held = ts.known.get(l);
-                if r.do_not_cache && !held.is_some_and(|h| h.is(r)) {
+                if r.do_not_cache && !store.is_source() && !held.is_some_and(|h| h.is(r)) {
                     // D2: only for subscriptions that were waiting when it arrived.
                     let since = ts.subscribed_at.get(l).copied().unwrap_or(u64::MAX);
                     if r.arrival <= since {
@@ -561,7 +561,15 @@ impl DeltaStream {
                 // otherwise wait for the upstream.
                 let via_wildcard =
                     ts.wildcard && by_name && !wild_explicit && !ts.explicit_contains(l);
-                if via_wildcard && synced && (forced || ts.known.contains_key(l)) {
+                // E11/E14: the variant the client holds was removed upstream and none other
+                // matches yet; the subscription itself stays and waits (E8).
+                let held_variant_gone = ts.known.get(l).is_some_and(|h| {
+                    h.constraints.is_some()
+                        && store.has_variant(type_url, &l.name, &h.key) == Some(false)
+                });
+                if held_variant_gone
+                    || (via_wildcard && synced && (forced || ts.known.contains_key(l)))
+                {
                     remove(ts, out);
                 } else if !covered && !ts.wildcard {
                     ts.forced.remove(l);

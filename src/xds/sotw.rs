@@ -115,6 +115,7 @@ impl SotwStream {
             ack: AckStatus::None,
         };
 
+        let mut rerequest = false;
         // ACK/NACK is judged by nonce and error_detail, never by version_info (B7, F5).
         if !req.response_nonce.is_empty() {
             let nonce = req.response_nonce.clone();
@@ -127,11 +128,9 @@ impl SotwStream {
                     message: err.message.clone(),
                 }
             } else {
-                if ts.acked_nonce.as_deref() == Some(nonce.as_str()) {
-                    // B13: the same ACK again is a re-request (Envoy's EDS after a CDS update).
-                    ts.force = true;
-                    ts.resend.extend(ts.subs.keys().cloned());
-                }
+                // B13: the same ACK again with the same names is a re-request (Envoy's EDS after a
+                // CDS update); with other names it is a subscription change (B4/B9 cover it).
+                rerequest = ts.acked_nonce.as_deref() == Some(nonce.as_str());
                 ts.acked_nonce = Some(nonce.clone());
                 AckStatus::Ack { nonce }
             };
@@ -173,6 +172,10 @@ impl SotwStream {
                 ts.sent.remove(removed);
             }
             ts.resend.remove(removed);
+        }
+        if rerequest && wildcard == ts.wildcard && subs == ts.subs {
+            ts.force = true;
+            ts.resend.extend(subs.keys().cloned());
         }
         ts.wildcard = wildcard;
         ts.subs = subs;

@@ -133,6 +133,12 @@ impl Store {
         store
     }
 
+    /// Whether this store is the source of truth rather than a cache: `do_not_cache` restricts
+    /// caches only, so the source serves such content to anyone.
+    pub fn is_source(&self) -> bool {
+        self.complete
+    }
+
     /// The current sequence number: resources that arrive later have a larger `arrival`.
     pub fn seq(&self) -> u64 {
         self.seq
@@ -176,6 +182,14 @@ impl Store {
             Selection::None if entry.absent || self.complete => Lookup::Absent,
             Selection::None => Lookup::Unknown,
         }
+    }
+
+    /// Whether the variant `key` of `name` is held; `None` if nothing is known about the name.
+    pub fn has_variant(&self, type_url: &str, name: &str, key: &ConstraintKey) -> Option<bool> {
+        self.types
+            .get(type_url)
+            .and_then(|t| t.names.get(name))
+            .map(|e| e.variants.contains_key(key))
     }
 
     /// The error the upstream reported for a name, if any and not yet cleared by the resource.

@@ -92,12 +92,21 @@ pub struct RelayUnderTest {
 
 impl RelayUnderTest {
     pub async fn start(upstream: SocketAddr, linger: Duration) -> RelayUnderTest {
+        Self::start_with(upstream, |c| c.unsubscribe_linger = linger).await
+    }
+
+    /// Starts a relay with test defaults, then `adjust` applied to its config.
+    pub async fn start_with(
+        upstream: SocketAddr,
+        adjust: impl FnOnce(&mut Config),
+    ) -> RelayUnderTest {
         let xds = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut config = Config::with_upstream(format!("http://{upstream}").parse().unwrap());
-        config.unsubscribe_linger = linger;
+        config.unsubscribe_linger = Duration::from_secs(30);
         config.backoff_initial = Duration::from_millis(50);
         config.backoff_max = Duration::from_millis(500);
+        adjust(&mut config);
         let relay = RelayUnderTest {
             xds: xds.local_addr().unwrap(),
             admin: admin.local_addr().unwrap(),
@@ -269,4 +278,25 @@ pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Minimal HTTP/1.0 request (no chunked bodies to decode); returns (status, body without headers).
+pub async fn http_request(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
 }

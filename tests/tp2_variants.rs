@@ -1,0 +1,421 @@
+//! TP2 dynamic parameters and cache control through a real relay (section D and E scenarios):
+//! variant selection per subscriber, constraints sent to locator subscribers and not to
+//! plain-name ones, variant removal, upstream locator aggregation, node-metadata parameters, and
+//! `do_not_cache` content fetched again for a later subscriber.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use adsrelay::pb::discovery::dynamic_parameter_constraints::single_constraint::ConstraintType;
+use adsrelay::pb::discovery::dynamic_parameter_constraints::{SingleConstraint, Type};
+use adsrelay::pb::discovery::{
+    resource::CacheControl, DeltaDiscoveryRequest, DynamicParameterConstraints, Resource,
+    ResourceLocator, ResourceName,
+};
+use adsrelay::xds::CachedResource;
+use prost::Message;
+use support::*;
+
+const GROUP: &str = "tp2";
+
+fn env_is(v: &str) -> DynamicParameterConstraints {
+    DynamicParameterConstraints {
+        r#type: Some(Type::Constraint(SingleConstraint {
+            key: "env".into(),
+            constraint_type: Some(ConstraintType::Value(v.into())),
+        })),
+    }
+}
+
+fn variant(name: &str, env: &str, version: &str) -> (String, CachedResource) {
+    let r = Resource {
+        resource_name: Some(ResourceName {
+            name: name.into(),
+            dynamic_parameter_constraints: Some(env_is(env)),
+        }),
+        version: version.into(),
+        resource: Some(prost_types::Any {
+            type_url: EDS.into(),
+            value: format!("{name}/{env}@{version}").into_bytes(),
+        }),
+        ..Default::default()
+    };
+    (
+        EDS.to_string(),
+        CachedResource::decode(r.encode_to_vec().into()).unwrap(),
+    )
+}
+
+fn locator(name: &str, env: &str) -> ResourceLocator {
+    ResourceLocator {
+        name: name.into(),
+        dynamic_parameters: HashMap::from([("env".to_string(), env.to_string())]),
+    }
+}
+
+fn subscribe_locators(locators: Vec<ResourceLocator>) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: EDS.into(),
+        resource_locators_subscribe: locators,
+        ..Default::default()
+    }
+}
+
+fn body(r: &Resource) -> String {
+    String::from_utf8(r.resource.as_ref().unwrap().value.clone()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e09_e13_each_parameter_set_gets_its_variant_and_one_upstream_locator() {
+    let up = Upstream::start(vec![
+        variant("foo", "prod", "p1"),
+        variant("foo", "test", "t1"),
+    ])
+    .await;
+    let relay = RelayUnderTest::start(up.addr, Duration::from_secs(30)).await;
+
+    let mut prod = Vec::new();
+    for i in 0..3 {
+        let mut c = DeltaClient::connect(
+            relay.xds,
+            node(&format!("prod-{i}"), GROUP),
+            subscribe_locators(vec![locator("foo", "prod")]),
+        )
+        .await;
+        let r = c.recv_ack().await;
+        assert_eq!(r.resources.len(), 1);
+        let res = &r.resources[0];
+        // E9: locator subscribers get the constraints, via resource_name and not name.
+        assert_eq!(res.name, "");
+        let rn = res.resource_name.as_ref().unwrap();
+        assert_eq!(
+            (rn.name.as_str(), rn.dynamic_parameter_constraints.clone()),
+            ("foo", Some(env_is("prod")))
+        );
+        assert_eq!(body(res), "foo/prod@p1");
+        prod.push(c);
+    }
+    let mut test = DeltaClient::connect(
+        relay.xds,
+        node("test-0", GROUP),
+        subscribe_locators(vec![locator("foo", "test")]),
+    )
+    .await;
+    assert_eq!(body(&test.recv_ack().await.resources[0]), "foo/test@t1");
+
+    let stats = up.cp.stats();
+    assert_eq!(stats.streams_opened, 1);
+    assert_eq!(
+        stats.subscribes.get(&(EDS.into(), "foo{env=prod}".into())),
+        Some(&1)
+    );
+    assert_eq!(
+        stats.subscribes.get(&(EDS.into(), "foo{env=test}".into())),
+        Some(&1)
+    );
+
+    // E11: the prod variant is removed upstream -> removed_resource_names with its constraints,
+    // and only to prod subscribers.
+    up.cp.set_resources(vec![variant("foo", "test", "t1")]);
+    for c in prod.iter_mut() {
+        let r = c.recv_ack().await;
+        assert!(
+            r.resources.is_empty() && r.removed_resources.is_empty(),
+            "{r:?}"
+        );
+        assert_eq!(
+            r.removed_resource_names,
+            vec![ResourceName {
+                name: "foo".into(),
+                dynamic_parameter_constraints: Some(env_is("prod"))
+            }]
+        );
+    }
+    test.expect_silence(Duration::from_millis(200)).await;
+
+    // Last test subscriber leaves: the upstream sees exactly that locator unsubscribed.
+    drop(test);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        up.cp
+            .stats()
+            .unsubscribes
+            .get(&(EDS.into(), "foo{env=test}".into())),
+        None,
+        "linger holds it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e08_no_matching_variant_waits_for_the_upstream() {
+    let up = Upstream::start(vec![variant("foo", "prod", "p1")]).await;
+    let relay = RelayUnderTest::start(up.addr, Duration::from_secs(30)).await;
+    let mut p = DeltaClient::connect(
+        relay.xds,
+        node("p", GROUP),
+        subscribe_locators(vec![locator("foo", "prod")]),
+    )
+    .await;
+    p.recv_ack().await;
+    // "qa" matches no cached variant: the relay asks the upstream, which has none either and says
+    // so; only then is the client told.
+    let mut qa = DeltaClient::connect(
+        relay.xds,
+        node("qa", GROUP),
+        subscribe_locators(vec![locator("foo", "qa")]),
+    )
+    .await;
+    let r = qa.recv_ack().await;
+    assert!(r.resources.is_empty());
+    assert_eq!(r.removed_resources, vec!["foo".to_string()]);
+    assert_eq!(
+        up.cp
+            .stats()
+            .subscribes
+            .get(&(EDS.into(), "foo{env=qa}".into())),
+        Some(&1)
+    );
+    // The variant appears upstream: the qa subscriber gets it.
+    up.cp.set_resources(vec![
+        variant("foo", "prod", "p1"),
+        variant("foo", "qa", "q1"),
+    ]);
+    assert_eq!(body(&qa.recv_ack().await.resources[0]), "foo/qa@q1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e10_node_metadata_parameters_give_plain_name_clients_their_variant_by_name() {
+    let up = Upstream::start(vec![
+        variant("foo", "prod", "p1"),
+        variant("foo", "test", "t1"),
+    ])
+    .await;
+    let relay = RelayUnderTest::start_with(up.addr, |c| {
+        c.params_from_metadata = vec!["env".into()];
+    })
+    .await;
+    let mut n = node("legacy", GROUP);
+    n.metadata = Some(prost_types::Struct {
+        fields: [(
+            "env".to_string(),
+            prost_types::Value {
+                kind: Some(prost_types::value::Kind::StringValue("test".into())),
+            },
+        )]
+        .into(),
+    });
+    let mut c = DeltaClient::connect(relay.xds, n, subscribe(EDS, &["foo"])).await;
+    let r = c.recv_ack().await;
+    let res = &r.resources[0];
+    // E10: a plain-name subscriber gets `name`, never `resource_name`.
+    assert_eq!(res.name, "foo");
+    assert!(res.resource_name.is_none());
+    assert_eq!(body(res), "foo/test@t1");
+    assert_eq!(
+        up.cp
+            .stats()
+            .subscribes
+            .get(&(EDS.into(), "foo{env=test}".into())),
+        Some(&1)
+    );
+}
+
+fn dnc(name: &str, version: &str) -> (String, CachedResource) {
+    let r = Resource {
+        name: name.into(),
+        version: version.into(),
+        resource: Some(prost_types::Any {
+            type_url: EDS.into(),
+            value: version.as_bytes().to_vec(),
+        }),
+        cache_control: Some(CacheControl { do_not_cache: true }),
+        ..Default::default()
+    };
+    (
+        EDS.to_string(),
+        CachedResource::decode(r.encode_to_vec().into()).unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d02_do_not_cache_is_fetched_again_for_a_later_subscriber() {
+    let up = Upstream::start(vec![dnc("secret", "s1"), resource(EDS, "plain", "1")]).await;
+    let relay = RelayUnderTest::start(up.addr, Duration::from_secs(30)).await;
+    let mut a = DeltaClient::connect(
+        relay.xds,
+        node("a", GROUP),
+        subscribe(EDS, &["secret", "plain"]),
+    )
+    .await;
+    let r = a.recv_ack().await;
+    assert_eq!(
+        names(&r),
+        vec![("plain".into(), "1".into()), ("secret".into(), "s1".into())]
+    );
+    // D3: cache_control reaches the client.
+    let secret = r.resources.iter().find(|r| r.name == "secret").unwrap();
+    assert_eq!(
+        secret.cache_control,
+        Some(CacheControl { do_not_cache: true })
+    );
+
+    let mut b = DeltaClient::connect(
+        relay.xds,
+        node("b", GROUP),
+        subscribe(EDS, &["secret", "plain"]),
+    )
+    .await;
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        got.extend(names(&b.recv_ack().await));
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        vec![("plain".into(), "1".into()), ("secret".into(), "s1".into())]
+    );
+    // The plain resource came from the cache; the do_not_cache one made the relay ask again.
+    let stats = up.cp.stats();
+    assert_eq!(
+        stats.subscribes.get(&(EDS.into(), "plain".into())),
+        Some(&1)
+    );
+    assert_eq!(
+        stats.subscribes.get(&(EDS.into(), "secret".into())),
+        Some(&2)
+    );
+    // C4: never reported as held.
+    assert!(!stats
+        .initial_versions
+        .contains_key(&(EDS.into(), "secret".into())));
+}
+
+// Core-level: what the upstream side of a group does with TP3 resource errors and ambiguous
+// variant sets, driven without sockets.
+
+fn eds_variant_bytes(name: &str, c: DynamicParameterConstraints, version: &str) -> bytes::Bytes {
+    Resource {
+        resource_name: Some(ResourceName {
+            name: name.into(),
+            dynamic_parameter_constraints: Some(c),
+        }),
+        version: version.into(),
+        resource: Some(prost_types::Any {
+            type_url: EDS.into(),
+            value: version.as_bytes().to_vec(),
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+    .into()
+}
+
+fn drain(
+    stream: &mut adsrelay::xds::DeltaStream,
+    store: &adsrelay::xds::Store,
+) -> Vec<adsrelay::pb::discovery::DeltaDiscoveryResponse> {
+    let mut out = Vec::new();
+    while let Some(r) = stream.next_response(store) {
+        out.push(
+            adsrelay::pb::discovery::DeltaDiscoveryResponse::decode(r.encode_to_vec().as_slice())
+                .unwrap(),
+        );
+    }
+    out
+}
+
+#[test]
+fn tp3_resource_errors_reach_subscribers_once_and_not_found_is_removal() {
+    use adsrelay::pb::discovery::ResourceError;
+    use adsrelay::pb::rpc::Status;
+    use adsrelay::xds::{DeltaStream, GroupState, UpstreamUpdate};
+    let now = std::time::Instant::now();
+    let mut group = GroupState::new(Duration::ZERO);
+    let mut s = DeltaStream::new();
+    let e = s
+        .on_request(&subscribe(EDS, &["denied", "missing"]))
+        .unwrap();
+    group.apply_effects(1, &e, now);
+    let err = |name: &str, code: i32| ResourceError {
+        resource_name: Some(ResourceName {
+            name: name.into(),
+            dynamic_parameter_constraints: None,
+        }),
+        error_detail: Some(Status {
+            code,
+            message: format!("{name}: code {code}"),
+            details: vec![],
+        }),
+    };
+    let changes = group
+        .apply_upstream(
+            EDS,
+            UpstreamUpdate {
+                removed: vec!["missing".into()], // what the adapter makes of a NOT_FOUND error
+                errors: vec![err("denied", 7)],
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    s.on_change(&changes);
+    let out = drain(&mut s, &group.store);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].removed_resources, vec!["missing".to_string()]);
+    assert_eq!(out[0].resource_errors, vec![err("denied", 7)]);
+    // Sent once: a later unrelated change does not repeat it.
+    s.on_change(&changes);
+    assert!(drain(&mut s, &group.store).is_empty());
+}
+
+#[test]
+fn e07_ambiguous_match_is_deterministic_and_counted() {
+    use adsrelay::pb::discovery::dynamic_parameter_constraints::ConstraintList;
+    use adsrelay::xds::store::AMBIGUOUS_MATCHES;
+    use adsrelay::xds::{DeltaStream, Store};
+    let and_prod_v1 = DynamicParameterConstraints {
+        r#type: Some(Type::AndConstraints(ConstraintList {
+            constraints: vec![
+                env_is("prod"),
+                DynamicParameterConstraints {
+                    r#type: Some(Type::Constraint(SingleConstraint {
+                        key: "version".into(),
+                        constraint_type: Some(ConstraintType::Value("v1".into())),
+                    })),
+                },
+            ],
+        })),
+    };
+    let mut store = Store::new();
+    store
+        .apply_delta(
+            EDS,
+            vec![
+                eds_variant_bytes("foo", env_is("prod"), "broad"),
+                eds_variant_bytes("foo", and_prod_v1, "specific"),
+            ],
+            vec![],
+            false,
+        )
+        .unwrap();
+    let before = AMBIGUOUS_MATCHES.load(std::sync::atomic::Ordering::Relaxed);
+    let mut s = DeltaStream::new();
+    s.on_request(&DeltaDiscoveryRequest {
+        type_url: EDS.into(),
+        resource_locators_subscribe: vec![ResourceLocator {
+            name: "foo".into(),
+            dynamic_parameters: HashMap::from([
+                ("env".into(), "prod".into()),
+                ("version".into(), "v1".into()),
+            ]),
+        }],
+        ..Default::default()
+    })
+    .unwrap();
+    let out = drain(&mut s, &store);
+    // E7: the most specific variant, and only one variant for a leaf.
+    assert_eq!(out[0].resources.len(), 1);
+    assert_eq!(out[0].resources[0].version, "specific");
+    assert!(AMBIGUOUS_MATCHES.load(std::sync::atomic::Ordering::Relaxed) > before);
+}
