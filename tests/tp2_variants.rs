@@ -419,3 +419,79 @@ fn e07_ambiguous_match_is_deterministic_and_counted() {
     assert_eq!(out[0].resources[0].version, "specific");
     assert!(AMBIGUOUS_MATCHES.load(std::sync::atomic::Ordering::Relaxed) > before);
 }
+
+#[test]
+fn d04_sotw_full_state_waits_for_a_fresh_do_not_cache_copy() {
+    use adsrelay::pb::discovery::{DiscoveryRequest, Resource};
+    use adsrelay::xds::{GroupState, SotwStream, UpstreamUpdate};
+    let now = std::time::Instant::now();
+    let cluster = |name: &str, dnc: bool| -> bytes::Bytes {
+        Resource {
+            name: name.into(),
+            version: "1".into(),
+            resource: Some(prost_types::Any {
+                type_url: CDS.into(),
+                value: name.as_bytes().to_vec(),
+            }),
+            cache_control: dnc.then_some(CacheControl { do_not_cache: true }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+        .into()
+    };
+    let req = DiscoveryRequest {
+        type_url: CDS.into(),
+        resource_names: vec!["L".into(), "M".into()],
+        ..Default::default()
+    };
+    let mut group = GroupState::new(Duration::ZERO);
+    let node = node("n", GROUP);
+    let mut early = SotwStream::for_node(&node, Default::default());
+    let e = early.on_request(&req).unwrap();
+    let seq = group.apply_effects(1, &e, now);
+    early.subscribed_at(seq);
+    group.take_upstream_changes();
+    let update = || UpstreamUpdate {
+        resources: vec![cluster("L", true), cluster("M", false)],
+        ..Default::default()
+    };
+    let changes = group.apply_upstream(CDS, update()).unwrap();
+    early.on_change(&changes);
+    // The subscriber that was waiting gets the full state, L included.
+    let r = early.next_response(&group.store).expect("full state");
+    assert_eq!(r.resources.len(), 2);
+
+    // A later subscriber: L may not come from memory, and the full state must not omit it (D4),
+    // so nothing is sent until the upstream sends L again.
+    let mut late = SotwStream::for_node(&node, Default::default());
+    let e = late.on_request(&req).unwrap();
+    let seq = group.apply_effects(2, &e, now);
+    late.subscribed_at(seq);
+    assert!(late.next_response(&group.store).is_none());
+    let refetch = late.take_refetch();
+    assert_eq!(refetch.len(), 1);
+    assert_eq!(&*refetch[0].1.name, "L");
+    for (t, l) in &refetch {
+        group.refetch(t, l, now);
+    }
+    let sent_again = group.take_upstream_changes();
+    assert_eq!(sent_again.len(), 1);
+    assert_eq!(
+        &*sent_again[0].subscribe[0].name, "L",
+        "C3: subscribed again upstream"
+    );
+    let changes = group
+        .apply_upstream(
+            CDS,
+            UpstreamUpdate {
+                resources: vec![cluster("L", true)],
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    late.on_change(&changes);
+    let r = late
+        .next_response(&group.store)
+        .expect("full state after the fresh copy");
+    assert_eq!(r.resources.len(), 2);
+}

@@ -8,7 +8,7 @@
 //! (name, version) pairs the client holds after the response, so it changes exactly when the
 //! content it would receive changes, and is the same on every relay replica (D8).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -54,6 +54,9 @@ struct TypeState {
     resend: BTreeSet<Locator>,
     /// A response is owed even if nothing changed (first request B8, re-request B13).
     force: bool,
+    /// Store sequence at subscription time, for `do_not_cache` content (D2, D4).
+    subscribed_at: HashMap<Locator, u64>,
+    unstamped: Vec<Locator>,
     last_nonce: Option<String>,
     acked_nonce: Option<String>,
     last_nack: Option<(String, String)>,
@@ -67,6 +70,8 @@ pub struct SotwStream {
     wrap: bool,
     /// Parameters for plain-name and wildcard subscriptions (TP2 migration from node metadata).
     default_params: Arc<Params>,
+    /// Subscriptions whose `do_not_cache` content must be fetched again for this client (C3).
+    refetch: Vec<(String, Locator)>,
 }
 
 impl SotwStream {
@@ -156,6 +161,7 @@ impl SotwStream {
         };
         if wildcard && !ts.wildcard {
             effects.acquire.push(Locator::plain(WILDCARD));
+            ts.unstamped.push(Locator::plain(WILDCARD));
             ts.dirty = true;
         } else if !wildcard && ts.wildcard {
             effects.release.push(Locator::plain(WILDCARD));
@@ -163,11 +169,13 @@ impl SotwStream {
         }
         for added in subs.keys().filter(|l| !ts.subs.contains_key(*l)) {
             effects.acquire.push(added.clone());
+            ts.unstamped.push(added.clone());
             // B4: newly requested names are sent even if sent before and unchanged.
             ts.resend.insert(added.clone());
         }
         for removed in ts.subs.keys().filter(|l| !subs.contains_key(*l)) {
             effects.release.push(removed.clone());
+            ts.subscribed_at.remove(removed);
             if !wildcard {
                 ts.sent.remove(removed);
             }
@@ -180,6 +188,20 @@ impl SotwStream {
         ts.wildcard = wildcard;
         ts.subs = subs;
         Ok(effects)
+    }
+
+    /// The adapter applied this stream's latest subscriptions when the store was at `seq`.
+    pub fn subscribed_at(&mut self, seq: u64) {
+        for ts in self.types.values_mut() {
+            for l in ts.unstamped.drain(..) {
+                ts.subscribed_at.insert(l, seq);
+            }
+        }
+    }
+
+    /// Subscriptions that need the upstream to send their `do_not_cache` content again.
+    pub fn take_refetch(&mut self) -> Vec<(String, Locator)> {
+        std::mem::take(&mut self.refetch)
     }
 
     pub fn on_change(&mut self, changes: &ChangeSet) {
@@ -227,6 +249,22 @@ impl SotwStream {
                     .or_insert(true);
             }
         }
+        // D2/D4: `do_not_cache` content the client does not hold is only for subscriptions that
+        // were waiting when it arrived; anything else must come from the upstream again.
+        let wildcard_since = ts.subscribed_at.get(&Locator::plain(WILDCARD)).copied();
+        let withheld = |ts: &TypeState, l: &Locator, r: &super::CachedResource| {
+            r.do_not_cache
+                && !store.is_source()
+                && ts.sent.get(l) != Some(&(r.key.clone(), r.version.clone()))
+                && r.arrival
+                    <= ts
+                        .subscribed_at
+                        .get(l)
+                        .copied()
+                        .or(wildcard_since)
+                        .unwrap_or(u64::MAX)
+        };
+        let mut refetch = Vec::new();
         let mut out: Vec<Bytes> = Vec::new();
         // B20: one entry per name (by-name subscribers) or per variant (locator subscribers).
         let mut added: BTreeSet<(Name, ConstraintKey)> = BTreeSet::new();
@@ -256,6 +294,18 @@ impl SotwStream {
             if unknown || (ts.wildcard && !store.wildcard_synced(type_url)) {
                 return None;
             }
+            for l in scope.keys() {
+                if let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) {
+                    if withheld(ts, l, r) {
+                        refetch.push((type_url.to_string(), l.clone()));
+                    }
+                }
+            }
+            if !refetch.is_empty() {
+                // D4: the full state waits for the fresh copies rather than omit them.
+                self.refetch.extend(refetch);
+                return None;
+            }
             let mut current = BTreeMap::new();
             for (l, by_name) in &scope {
                 if let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) {
@@ -273,6 +323,9 @@ impl SotwStream {
         } else {
             for (l, by_name) in &scope {
                 match store.lookup_for(type_url, &l.name, &l.params) {
+                    Lookup::Present(r) if withheld(ts, l, r) => {
+                        refetch.push((type_url.to_string(), l.clone()));
+                    }
                     Lookup::Present(r) => {
                         let resend = ts.resend.remove(l) || ts.force;
                         let held = ts.sent.get(l);
@@ -293,6 +346,7 @@ impl SotwStream {
             }
             ts.dirty = false;
             ts.force = false;
+            self.refetch.extend(refetch);
             if out.is_empty() {
                 return None;
             }

@@ -124,6 +124,12 @@ impl StreamCore for super::SotwStream {
     fn subscriptions(&self) -> Vec<(String, Locator)> {
         super::SotwStream::subscriptions(self)
     }
+    fn subscribed_at(&mut self, seq: u64) {
+        super::SotwStream::subscribed_at(self, seq)
+    }
+    fn take_refetch(&mut self) -> Vec<(String, Locator)> {
+        super::SotwStream::take_refetch(self)
+    }
     fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
         super::SotwStream::snapshot(self, resources)
     }

@@ -60,7 +60,7 @@ async fn main() -> ExitCode {
             args.clients,
             args.connections(),
             if args.compare { " (the direct and floor phases hold both ends of every connection)" } else { "" },
-            suggest.max(k + 1)
+            suggest.max(u64::from(k) + 1)
         );
         return ExitCode::from(64);
     }
