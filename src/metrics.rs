@@ -57,6 +57,11 @@ pub mod name {
     pub const UPSTREAM_ACKS: &str = "adsrelay_upstream_acks_total";
     pub const UPSTREAM_NACKS: &str = "adsrelay_upstream_nacks_total";
     pub const UPSTREAM_LAST_RESPONSE_AGE: &str = "adsrelay_upstream_last_response_age_seconds";
+    pub const VARIANT_AMBIGUOUS_MATCHES: &str = "adsrelay_variant_ambiguous_matches_total";
+    pub const DO_NOT_CACHE_REFETCHES: &str = "adsrelay_do_not_cache_refetches_total";
+    pub const DO_NOT_CACHE_REFETCH_FALLBACKS: &str =
+        "adsrelay_do_not_cache_refetch_fallbacks_total";
+    pub const CACHE_TTL_EXPIRED: &str = "adsrelay_cache_ttl_expired_total";
 }
 
 /// (name, HELP text). README's "Metrics" table mirrors this list.
@@ -111,6 +116,19 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
         name::UPSTREAM_LAST_RESPONSE_AGE,
         "Seconds since the group last received a response from the control plane (absent before the first).",
     ),
+    (
+        name::VARIANT_AMBIGUOUS_MATCHES,
+        "Variant selections where more than one cached variant matched a subscriber's dynamic parameters (resolved deterministically: the most specific wins).",
+    ),
+    (
+        name::DO_NOT_CACHE_REFETCHES,
+        "Re-subscriptions sent upstream because a new subscriber needed a do_not_cache resource the relay may not serve from memory, by group.",
+    ),
+    (
+        name::DO_NOT_CACHE_REFETCH_FALLBACKS,
+        "Refetches the upstream did not answer within 2s, retried as unsubscribe then subscribe, by group.",
+    ),
+    (name::CACHE_TTL_EXPIRED, "Cached resource variants dropped because their TTL ran out without a refresh, by group."),
 ];
 
 /// Fan-out latency buckets, in seconds.
@@ -157,7 +175,8 @@ struct TypeCounters {
 pub struct ScrapeState {
     pub streams: [i64; 2],
     pub subscriptions: HashMap<String, usize>,
-    pub cache: HashMap<String, (usize, usize)>,
+    /// type_url -> (names, variants, bytes).
+    pub cache: HashMap<String, (usize, usize, usize)>,
     pub groups: Vec<GroupScrape>,
 }
 
@@ -170,6 +189,9 @@ pub struct GroupScrape {
     pub responses: u64,
     pub nacks_sent: u64,
     pub last_response: Option<SystemTime>,
+    pub refetches: u64,
+    pub refetch_fallbacks: u64,
+    pub ttl_expired: u64,
 }
 
 /// A scrape-time gauge: name and label pairs.
@@ -392,13 +414,19 @@ impl Metrics {
                 n as f64,
             );
         }
-        let mut cache: HashMap<String, (usize, usize)> = HashMap::new();
-        for (t, (n, b)) in state.cache {
+        let mut cache: HashMap<String, (usize, usize, usize)> = HashMap::new();
+        for (t, (n, v, b)) in state.cache {
             let e = cache.entry(self.type_label(&t)).or_default();
             e.0 += n;
-            e.1 += b;
+            e.1 += v;
+            e.2 += b;
         }
-        for (t, (n, b)) in cache {
+        self.counter_absolute(
+            name::VARIANT_AMBIGUOUS_MATCHES,
+            vec![],
+            crate::xds::store::AMBIGUOUS_MATCHES.load(Ordering::Relaxed),
+        );
+        for (t, (n, v, b)) in cache {
             self.gauge(
                 name::CACHE_RESOURCES,
                 vec![("type_url", t.clone())],
@@ -407,7 +435,7 @@ impl Metrics {
             self.gauge(
                 name::CACHE_VARIANTS,
                 vec![("type_url", t.clone())],
-                n as f64,
+                v as f64,
             );
             self.gauge(name::CACHE_BYTES, vec![("type_url", t)], b as f64);
         }
@@ -439,6 +467,13 @@ impl Metrics {
                 g.streams_opened.saturating_sub(1),
             );
             self.counter_absolute(name::UPSTREAM_RESPONSES, group(), g.responses);
+            self.counter_absolute(name::DO_NOT_CACHE_REFETCHES, group(), g.refetches);
+            self.counter_absolute(
+                name::DO_NOT_CACHE_REFETCH_FALLBACKS,
+                group(),
+                g.refetch_fallbacks,
+            );
+            self.counter_absolute(name::CACHE_TTL_EXPIRED, group(), g.ttl_expired);
             self.counter_absolute(name::UPSTREAM_NACKS, group(), g.nacks_sent);
             self.counter_absolute(
                 name::UPSTREAM_ACKS,
@@ -561,7 +596,7 @@ mod tests {
     fn renders_help_and_vanished_gauges_as_zero() {
         let m = Metrics::new();
         let mut s = ScrapeState::default();
-        s.cache.insert("t".into(), (2, 100));
+        s.cache.insert("t".into(), (2, 2, 100));
         let out = m.render(s);
         assert!(out.contains("# HELP adsrelay_cache_bytes"));
         assert!(out.contains("adsrelay_cache_bytes{type_url=\"t\"} 100"));

@@ -112,13 +112,20 @@ impl Relay {
                 }
                 for t in state.store.type_urls() {
                     let e = s.cache.entry(t.to_string()).or_default();
+                    e.0 += state.store.names(t).count();
                     for r in state.store.resources(t) {
-                        e.0 += 1;
-                        e.1 += r.encoded.len();
+                        e.1 += 1;
+                        e.2 += r.encoded.len();
                     }
                 }
-                state.interest.upstream_subscription_count()
+                (
+                    state.interest.upstream_subscription_count(),
+                    state.interest.refetches,
+                    state.interest.refetch_fallbacks,
+                    state.store.ttl_expired,
+                )
             };
+            let (subscriptions, refetches, refetch_fallbacks, ttl_expired) = subscriptions;
             let status = lock(&g.status).clone();
             s.groups.push(GroupScrape {
                 group: g.name.clone(),
@@ -128,6 +135,9 @@ impl Relay {
                 responses: status.responses,
                 nacks_sent: status.nacks_sent,
                 last_response: status.last_response,
+                refetches,
+                refetch_fallbacks,
+                ttl_expired,
             });
         }
         self.metrics.render(s)
@@ -146,6 +156,10 @@ impl Relay {
                 streams: DashMap::new(),
                 upstream_wake: Notify::new(),
             });
+            tokio::spawn(crate::upstream::housekeeping(
+                group.clone(),
+                self.shutdown.clone(),
+            ));
             tokio::spawn(crate::upstream::run(
                 self.config.clone(),
                 group.clone(),

@@ -67,6 +67,30 @@ pub fn endpoint(config: &Config) -> Endpoint {
         .keep_alive_while_idle(true)
 }
 
+/// Runs the group's time-driven work until shutdown, whether or not the upstream is connected:
+/// unsubscribe lingers, refetch fallbacks (both become upstream requests) and TTL expiry (which
+/// matters most while the upstream is down, D6). Wakes at least once a second.
+pub async fn housekeeping(group: Arc<Group>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let now = Instant::now();
+        let next = lock(&group.state)
+            .next_deadline()
+            .map_or(now + Duration::from_secs(1), |d| {
+                d.min(now + Duration::from_secs(1))
+            });
+        tokio::select! {
+            () = tokio::time::sleep_until(next.into()) => {}
+            _ = shutdown.changed() => return,
+        }
+        let expired = lock(&group.state).expire(Instant::now());
+        for (changes, affected) in expired {
+            debug!(type_url = %changes.type_url, names = ?changes.names, "TTL expired");
+            group.publish(changes, affected);
+        }
+        group.upstream_wake.notify_one();
+    }
+}
+
 /// Runs the group's upstream stream until shutdown.
 pub async fn run(
     config: Arc<Config>,
@@ -124,7 +148,6 @@ async fn session(
     // C4: one request per type with everything still wanted and the versions held for it.
     let initial: Vec<DeltaDiscoveryRequest> = {
         let mut state = lock(&group.state);
-        state.expire(Instant::now());
         let types = state.interest.resubscribe_all();
         types
             .into_iter()
@@ -166,13 +189,6 @@ async fn session(
     info!(upstream = %config.upstream, "upstream stream open");
 
     loop {
-        let next_deadline = lock(&group.state).interest.next_deadline();
-        let linger_wait = async {
-            match next_deadline {
-                Some(d) => tokio::time::sleep_until(d.into()).await,
-                None => futures::future::pending().await,
-            }
-        };
         tokio::select! {
             msg = inbound.message() => {
                 let resp = msg?.ok_or(SessionError::Closed)?;
@@ -182,10 +198,6 @@ async fn session(
                 send(&tx, reply).await?;
             }
             () = group.upstream_wake.notified() => {
-                send_interest_changes(group, node, &tx).await?;
-            }
-            () = linger_wait => {
-                lock(&group.state).expire(Instant::now());
                 send_interest_changes(group, node, &tx).await?;
             }
         }
@@ -286,6 +298,7 @@ fn apply_response(
         removed,
         removed_variants: resp.removed_resource_names,
         errors,
+        received_at: Some(received_at),
     };
 
     let outcome = {

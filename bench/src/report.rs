@@ -185,6 +185,13 @@ pub fn summary(r: &RunReport) -> String {
         } else {
             let _ = writeln!(s, "{:<7} loadgen CPU {:.2} s", p.target, p.loadgen_cpu_s);
         }
+        if p.churn_events > 0 || p.reconnects > 0 {
+            let _ = writeln!(
+                s,
+                "{:<7} churn: {} events, {} stream reopens",
+                p.target, p.churn_events, p.reconnects
+            );
+        }
         if let Some(e) = &p.last_error {
             let _ = writeln!(s, "{:<7} last error: {e}", p.target);
         }

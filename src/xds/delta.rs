@@ -111,6 +111,8 @@ struct TypeState {
     subscribed_at: HashMap<Locator, u64>,
     /// Subscriptions made since the adapter last reported the store sequence.
     unstamped: Vec<Locator>,
+    /// Names whose TTL the upstream refreshed: forward the heartbeat to holders of that version.
+    heartbeats: BTreeSet<Name>,
     /// Resource errors already reported to the client (TP3: sent once).
     errors_sent: HashSet<Name>,
     /// An initial wildcard request waits for a response even if it is empty (A2).
@@ -121,6 +123,13 @@ struct TypeState {
 }
 
 impl TypeState {
+    fn has_work(&self) -> bool {
+        !self.pending.is_empty()
+            || self.pending_all
+            || self.owe_response
+            || !self.heartbeats.is_empty()
+    }
+
     fn explicit_contains(&self, l: &Locator) -> bool {
         self.explicit
             .get(&l.name)
@@ -364,6 +373,7 @@ impl DeltaStream {
     pub fn on_change(&mut self, changes: &ChangeSet) {
         if let Some(ts) = self.types.get_mut(&changes.type_url) {
             ts.pending.extend(changes.names.iter().cloned());
+            ts.heartbeats.extend(changes.heartbeats.iter().cloned());
             if changes.wildcard_synced_now && ts.wildcard {
                 ts.pending_all = true;
             }
@@ -380,9 +390,7 @@ impl DeltaStream {
 
     /// Whether a build might produce a response.
     pub fn has_work(&self) -> bool {
-        self.types
-            .values()
-            .any(|t| !t.pending.is_empty() || t.pending_all || t.owe_response)
+        self.types.values().any(TypeState::has_work)
     }
 
     /// Builds the next response, trying types in B14 order. `None` means nothing to send now.
@@ -390,7 +398,7 @@ impl DeltaStream {
         let mut order: Vec<String> = self
             .types
             .iter()
-            .filter(|(_, t)| !t.pending.is_empty() || t.pending_all || t.owe_response)
+            .filter(|(_, t)| t.has_work())
             .map(|(k, _)| k.clone())
             .collect();
         order.sort_by_key(|t| (type_rank(t), t.clone()));
@@ -461,6 +469,28 @@ impl DeltaStream {
                 }
             } else {
                 ts.errors_sent.remove(&name);
+            }
+        }
+
+        // A23: a heartbeat goes only to clients holding exactly that version; anyone else either
+        // gets the resource in full (above) or is behind after a NACK and must not be refreshed.
+        for name in std::mem::take(&mut ts.heartbeats) {
+            for (l, held) in ts.known.iter().filter(|(l, _)| l.name == name) {
+                let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) else {
+                    continue;
+                };
+                let by_name = l.params == defaults;
+                if !held.is(r) || (by_name && r.constraints.is_some()) {
+                    continue;
+                }
+                let id = (l.name.clone(), r.key.clone(), by_name);
+                if out.added.contains(&id) {
+                    continue;
+                }
+                if let Some(hb) = store.heartbeat(type_url, &l.name, &r.key) {
+                    out.added.insert(id);
+                    out.resources.push(hb.clone());
+                }
             }
         }
 

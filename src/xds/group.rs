@@ -137,8 +137,10 @@ impl GroupState {
         self.interest.refetch(type_url, locator, now);
     }
 
-    /// Ends expired lingers and drops what the store holds for names no longer subscribed upstream.
-    pub fn expire(&mut self, now: Instant) {
+    /// Ends expired lingers (dropping what the store holds for names no longer subscribed
+    /// upstream) and expired TTLs; returns the change sets the TTL expiries caused, with the
+    /// streams they affect.
+    pub fn expire(&mut self, now: Instant) -> Vec<(ChangeSet, HashSet<StreamId>)> {
         for (type_url, l) in self.interest.expire(now) {
             if &*l.name == WILDCARD {
                 let interest = &self.interest;
@@ -149,6 +151,22 @@ impl GroupState {
             {
                 self.store.forget(&type_url, &l.name);
             }
+        }
+        self.store
+            .expire(now)
+            .into_iter()
+            .map(|c| {
+                let affected = self.affected(&c);
+                (c, affected)
+            })
+            .collect()
+    }
+
+    /// The next time [`GroupState::expire`] has work: a linger, a refetch fallback or a TTL.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        match (self.interest.next_deadline(), self.store.next_expiry()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 

@@ -59,6 +59,9 @@ pub struct UpstreamChange {
 pub struct Interest {
     types: BTreeMap<String, TypeInterest>,
     linger: Duration,
+    /// Refetches requested (C3) and how many fell back to unsubscribe+subscribe, for metrics.
+    pub refetches: u64,
+    pub refetch_fallbacks: u64,
 }
 
 impl Interest {
@@ -66,6 +69,8 @@ impl Interest {
         Interest {
             types: BTreeMap::new(),
             linger,
+            refetches: 0,
+            refetch_fallbacks: 0,
         }
     }
 
@@ -131,6 +136,7 @@ impl Interest {
         ti.subscribe.insert(locator.clone());
         ti.refetching
             .insert(locator.clone(), now + REFETCH_FALLBACK);
+        self.refetches += 1;
     }
 
     /// The upstream sent `name`: refetches of it are satisfied.
@@ -167,6 +173,7 @@ impl Interest {
             for l in stuck {
                 ti.refetching.remove(&l);
                 ti.resubscribe.insert(l);
+                self.refetch_fallbacks += 1;
             }
         }
         lapsed

@@ -74,6 +74,9 @@ pub struct CachedResource {
     pub any: Bytes,
     /// The variant's constraints (from `resource_name`), `None` for a plain-named resource.
     pub constraints: Option<DynamicParameterConstraints>,
+    /// `Resource.ttl`: clients drop the resource if it is not refreshed in time; so does the
+    /// relay's cache (D6).
+    pub ttl: Option<std::time::Duration>,
     /// Canonical identity of `constraints` within the name (E15).
     pub key: ConstraintKey,
     /// `cache_control.do_not_cache`: served only to subscribers that were waiting when it arrived.
@@ -125,6 +128,13 @@ impl CachedResource {
             (n, None) => n.to_string(),
         };
         let any = field_slice(&encoded, 2).unwrap_or_default();
+        let ttl = if header.ttl.is_empty() {
+            None
+        } else {
+            prost_types::Duration::decode(header.ttl.clone())
+                .ok()
+                .and_then(|d| std::time::Duration::try_from(d).ok())
+        };
         Ok(CachedResource {
             name: name.into(),
             version: header.version,
@@ -132,6 +142,7 @@ impl CachedResource {
             do_not_cache: header.cache_control.is_some_and(|c| c.do_not_cache),
             encoded,
             any,
+            ttl,
             key: constraints::key(constraints.as_ref()),
             constraints,
             arrival: 0,
@@ -139,6 +150,27 @@ impl CachedResource {
             named: OnceLock::new(),
             named_wrapped: OnceLock::new(),
         })
+    }
+
+    /// The same resource with the TTL of a heartbeat (A24: a heartbeat may change the TTL without
+    /// changing the version). Re-encoded once per heartbeat that changes it, not per client.
+    pub fn with_ttl_of(&self, heartbeat: &CachedResource) -> CachedResource {
+        if self.ttl == heartbeat.ttl {
+            return self.clone();
+        }
+        let Ok(mut r) = crate::pb::discovery::Resource::decode(self.encoded.clone()) else {
+            return self.clone();
+        };
+        r.ttl = heartbeat
+            .ttl
+            .and_then(|d| prost_types::Duration::try_from(d).ok());
+        match CachedResource::decode(Bytes::from(r.encode_to_vec())) {
+            Ok(mut c) => {
+                c.arrival = self.arrival;
+                c
+            }
+            Err(_) => self.clone(),
+        }
     }
 
     /// The `ResourceName` that identifies this variant to locator-aware clients (E9, E11).

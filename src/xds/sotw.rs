@@ -206,6 +206,20 @@ impl SotwStream {
 
     pub fn on_change(&mut self, changes: &ChangeSet) {
         if let Some(ts) = self.types.get_mut(&changes.type_url) {
+            // B17: SotW clients get a refreshed TTL as the full resource again, never a body-less
+            // heartbeat (which Listener/Cluster full state would read as a deletion).
+            for name in &changes.heartbeats {
+                let held: Vec<Locator> = ts
+                    .sent
+                    .keys()
+                    .filter(|l| &l.name == name)
+                    .cloned()
+                    .collect();
+                if !held.is_empty() {
+                    ts.resend.extend(held);
+                    ts.dirty = true;
+                }
+            }
             if ts.wildcard
                 || changes.wildcard_synced_now
                 || changes

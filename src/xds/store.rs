@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -34,6 +35,10 @@ struct NameEntry {
     absent: bool,
     /// A non-NOT_FOUND error the upstream reported for this name (TP3), until the resource arrives.
     error: Option<ResourceErrorProto>,
+    /// When each TTL-bearing variant expires unless refreshed (D6).
+    expires: HashMap<ConstraintKey, Instant>,
+    /// The latest heartbeat (body-less `Resource`) per variant, forwarded as-is (A23).
+    heartbeats: HashMap<ConstraintKey, Bytes>,
 }
 
 #[derive(Debug, Default)]
@@ -54,11 +59,13 @@ pub struct ChangeSet {
     pub wildcard_synced_now: bool,
     /// When the upstream response was received (for fan-out latency), if known.
     pub received_at: Option<std::time::Instant>,
+    /// Names whose TTL the upstream refreshed without changing them (heartbeats, A23, D7).
+    pub heartbeats: Vec<Name>,
 }
 
 impl ChangeSet {
     pub fn is_empty(&self) -> bool {
-        self.names.is_empty() && !self.wildcard_synced_now
+        self.names.is_empty() && !self.wildcard_synced_now && self.heartbeats.is_empty()
     }
 }
 
@@ -94,6 +101,8 @@ pub struct UpstreamUpdate {
     pub removed_variants: Vec<ResourceName>,
     /// Other `resource_errors`, passed through to subscribers (TP3).
     pub errors: Vec<ResourceErrorProto>,
+    /// When the response arrived: TTLs count from here. `None` disables TTL tracking.
+    pub received_at: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +112,8 @@ pub struct Store {
     complete: bool,
     /// Incremented by every applied response; stamped on resources as their `arrival`.
     seq: u64,
+    /// Variants dropped because their TTL ran out, for metrics.
+    pub ttl_expired: u64,
 }
 
 static NO_PARAMS: std::sync::LazyLock<Params> = std::sync::LazyLock::new(Params::new);
@@ -315,12 +326,30 @@ impl Store {
         let seq = self.seq;
         let ts = self.types.entry(type_url.to_string()).or_default();
         let mut changed: Vec<Name> = Vec::new();
+        let mut heartbeats: Vec<Name> = Vec::new();
         for mut r in parsed {
-            // A heartbeat only refreshes a TTL; the held content stays as it is.
+            let entry = ts.names.entry(r.name.clone()).or_default();
+            match (r.ttl, update.received_at) {
+                (Some(ttl), Some(at)) => {
+                    entry.expires.insert(r.key.clone(), at + ttl);
+                }
+                _ => {
+                    entry.expires.remove(&r.key);
+                }
+            }
+            // A heartbeat only refreshes (or changes) the TTL; the held content stays (D7).
             if r.is_heartbeat() {
+                if let Some(held) = entry.variants.get(&r.key) {
+                    if held.ttl != r.ttl {
+                        let refreshed = held.with_ttl_of(&r);
+                        entry.variants.insert(r.key.clone(), Arc::new(refreshed));
+                    }
+                }
+                entry.heartbeats.insert(r.key.clone(), r.encoded.clone());
+                heartbeats.push(r.name.clone());
                 continue;
             }
-            let entry = ts.names.entry(r.name.clone()).or_default();
+            entry.heartbeats.remove(&r.key);
             entry.absent = false;
             entry.error = None;
             let same = entry
@@ -368,6 +397,7 @@ impl Store {
         let mut changes = ChangeSet {
             type_url: type_url.to_string(),
             names: changed,
+            heartbeats,
             ..ChangeSet::default()
         };
         if wildcard_answered && !ts.wildcard_synced {
@@ -394,6 +424,63 @@ impl Store {
             },
             wildcard_answered,
         )
+    }
+
+    /// The latest heartbeat for a variant, to forward to clients that hold it (A23).
+    pub fn heartbeat(&self, type_url: &str, name: &str, key: &ConstraintKey) -> Option<&Bytes> {
+        self.types
+            .get(type_url)
+            .and_then(|t| t.names.get(name))
+            .and_then(|e| e.heartbeats.get(key))
+    }
+
+    /// The earliest TTL expiry, so the adapter knows when to call [`Store::expire`].
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.types
+            .values()
+            .flat_map(|t| t.names.values())
+            .flat_map(|e| e.expires.values())
+            .min()
+            .copied()
+    }
+
+    /// Drops variants whose TTL ran out without a refresh (D6): the upstream is gone long enough
+    /// that the configuration must not outlive it. Their names count as removed, so clients that
+    /// did not get the TTL (plain SotW) lose them too.
+    pub fn expire(&mut self, now: Instant) -> Vec<ChangeSet> {
+        let mut out = Vec::new();
+        for (type_url, ts) in self.types.iter_mut() {
+            let mut names = Vec::new();
+            for (name, entry) in ts.names.iter_mut() {
+                let expired: Vec<ConstraintKey> = entry
+                    .expires
+                    .iter()
+                    .filter(|(_, at)| **at <= now)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                if expired.is_empty() {
+                    continue;
+                }
+                self.ttl_expired += expired.len() as u64;
+                for k in &expired {
+                    entry.expires.remove(k);
+                    entry.heartbeats.remove(k);
+                    entry.variants.remove(k);
+                }
+                if entry.variants.is_empty() {
+                    entry.absent = true;
+                }
+                names.push(name.clone());
+            }
+            if !names.is_empty() {
+                out.push(ChangeSet {
+                    type_url: type_url.clone(),
+                    names,
+                    ..ChangeSet::default()
+                });
+            }
+        }
+        out
     }
 
     /// The upstream subscription for `name` lapsed: what is held may go stale, so drop it (D5).
