@@ -27,6 +27,16 @@ use crate::sync::lock;
 #[derive(Debug, Serialize)]
 struct GroupReadiness {
     group: String,
+    /// "never_synced", "synced" or "serving_cached" (upstream stream down, cache served).
+    state: &'static str,
+    /// The node the relay presents upstream for the group.
+    upstream_node_id: String,
+    upstream_node_cluster: String,
+    /// Seconds since the group's last upstream response (null before the first).
+    last_response_age_seconds: Option<f64>,
+    /// 0 while the upstream stream is open (the cache follows the control plane); while it is down,
+    /// seconds since it was lost: updates made since then may be missing.
+    staleness_seconds: Option<f64>,
     clients: usize,
     upstream_subscriptions: usize,
     #[serde(flatten)]
@@ -39,20 +49,54 @@ struct Readiness {
     /// "never_synced" (no upstream answer yet), "synced" or "serving_cached" (upstream down).
     state: &'static str,
     upstream_reached: bool,
+    /// The largest `staleness_seconds` over the groups.
+    max_staleness_seconds: f64,
     groups: Vec<GroupReadiness>,
 }
 
+fn secs_since(t: Option<SystemTime>, now: SystemTime) -> Option<f64> {
+    t.map(|t| now.duration_since(t).unwrap_or_default().as_secs_f64())
+}
+
 fn readiness(relay: &Relay) -> Readiness {
-    let groups: Vec<GroupReadiness> = relay
+    let now = SystemTime::now();
+    let mut groups: Vec<GroupReadiness> = relay
         .groups()
         .iter()
-        .map(|g| GroupReadiness {
-            group: g.name.clone(),
-            clients: g.stream_count(),
-            upstream_subscriptions: lock(&g.state).interest.upstream_subscription_count(),
-            upstream: lock(&g.status).clone(),
+        .map(|g| {
+            let upstream = lock(&g.status).clone();
+            let subscriptions = lock(&g.state).interest.upstream_subscription_count();
+            let state = if !upstream.synced_once {
+                "never_synced"
+            } else if upstream.connected {
+                "synced"
+            } else {
+                "serving_cached"
+            };
+            GroupReadiness {
+                group: g.name.clone(),
+                state,
+                upstream_node_id: g.upstream_node.id.clone(),
+                upstream_node_cluster: g.upstream_node.cluster.clone(),
+                last_response_age_seconds: secs_since(upstream.last_response, now),
+                staleness_seconds: if upstream.connected {
+                    Some(0.0)
+                } else if upstream.synced_once {
+                    secs_since(upstream.disconnected_since.or(upstream.last_response), now)
+                } else {
+                    None
+                },
+                clients: g.stream_count(),
+                upstream_subscriptions: subscriptions,
+                upstream,
+            }
         })
         .collect();
+    groups.sort_by(|a, b| a.group.cmp(&b.group));
+    let max_staleness_seconds = groups
+        .iter()
+        .filter_map(|g| g.staleness_seconds)
+        .fold(0.0, f64::max);
     let reached = relay.upstream_reached.load(Ordering::Relaxed);
     // Ready once the upstream has answered; a group that never synced has nothing to serve.
     let all_synced = groups
@@ -68,6 +112,7 @@ fn readiness(relay: &Relay) -> Readiness {
         ready,
         state,
         upstream_reached: reached,
+        max_staleness_seconds,
         groups,
     }
 }
@@ -357,6 +402,11 @@ fn debug_config(relay: &Relay) -> serde_json::Value {
     let c = &relay.config;
     serde_json::json!({
         "upstream": c.upstream.to_string(),
+        "upstreams": c.upstreams.iter().map(|u| u.to_string()).collect::<Vec<_>>(),
+        "groups": c.grouping.rules.len(),
+        "group_metadata_keys": c.grouping.metadata_keys,
+        "unmatched": c.grouping.unmatched,
+        "resilience": c.resilience,
         "listen": c.listen.to_string(),
         "admin": c.admin.to_string(),
         "node_id": c.node_id,

@@ -63,6 +63,28 @@ pub struct RelayArgs {
     /// Log format [default: text]; the level comes from RUST_LOG (default `info`)
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Open downstream connections; further ones are closed at once [default: 20000]
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Concurrent HTTP/2 streams per downstream connection [default: 100]
+    #[arg(long, value_name = "N")]
+    pub max_streams_per_connection: Option<u32>,
+    /// Subscriptions one stream may hold, all types together [default: 100000]
+    #[arg(long, value_name = "N")]
+    pub max_subscriptions_per_stream: Option<usize>,
+    /// Longest resource name, type_url or locator parameter in a request, in bytes [default: 4096]
+    #[arg(long, value_name = "BYTES")]
+    pub max_name_bytes: Option<usize>,
+    /// Sustained requests per second per stream; 0 disables the limit [default: 100]
+    #[arg(long, value_name = "N")]
+    pub max_requests_per_second: Option<u32>,
+    /// Requests per stream allowed in a burst above the sustained rate [default: 1000]
+    #[arg(long, value_name = "N")]
+    pub request_burst: Option<u32>,
+    /// End a stream whose responses the client has not read for this long; 0s disables it
+    /// [default: 60s]
+    #[arg(long, value_name = "DURATION")]
+    pub stuck_client_timeout: Option<String>,
     /// TOML config file; flags override its values
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -104,6 +126,23 @@ struct FileConfig {
     upstream_backoff_initial: Option<String>,
     upstream_backoff_max: Option<String>,
     params_from_metadata: Option<Vec<String>>,
+    max_connections: Option<usize>,
+    max_streams_per_connection: Option<u32>,
+    max_subscriptions_per_stream: Option<usize>,
+    max_name_bytes: Option<usize>,
+    max_requests_per_second: Option<u32>,
+    request_burst: Option<u32>,
+    stuck_client_timeout: Option<String>,
+    // Groups and resilience (issue 5); see `apply_groups_and_resilience`.
+    upstreams: Option<Vec<String>>,
+    groups: Option<Vec<crate::grouping::GroupRule>>,
+    group_metadata_keys: Option<Vec<String>>,
+    unmatched: Option<crate::grouping::Unmatched>,
+    max_new_streams_per_second: Option<f64>,
+    new_streams_burst: Option<u32>,
+    resync_interval: Option<String>,
+    upstream_keepalive_interval: Option<String>,
+    upstream_keepalive_timeout: Option<String>,
 }
 
 /// Validated relay configuration.
@@ -120,11 +159,93 @@ pub struct Config {
     pub backoff_max: Duration,
     /// Node metadata keys turned into dynamic parameters for clients without locators.
     pub params_from_metadata: Vec<String>,
+    /// Limits protecting the relay from hostile or broken clients.
+    pub limits: Limits,
+    /// Every control-plane address, in failover order; the first is `upstream`.
+    pub upstreams: Vec<http::Uri>,
+    /// Aggregation groups (README "Groups and resilience").
+    pub grouping: GroupingConfig,
+    pub resilience: Resilience,
+}
+
+/// `[[groups]]` rules, the implicit rule's significant metadata keys, and unmatched clients.
+#[derive(Debug, Clone, Default)]
+pub struct GroupingConfig {
+    pub rules: Vec<crate::grouping::GroupRule>,
+    pub metadata_keys: Vec<String>,
+    pub unmatched: crate::grouping::Unmatched,
+}
+
+/// Shielding the control plane: admission of new streams, periodic resync, upstream keepalive.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Resilience {
+    /// New downstream streams admitted per second (token bucket); 0 disables the limit.
+    pub max_new_streams_per_second: f64,
+    pub new_streams_burst: u32,
+    /// Periodic reconciliation with the upstream; `None` = off.
+    pub resync_interval: Option<Duration>,
+    pub upstream_keepalive_interval: Duration,
+    pub upstream_keepalive_timeout: Duration,
+}
+
+impl Default for Resilience {
+    fn default() -> Self {
+        Resilience {
+            max_new_streams_per_second: 5000.0,
+            new_streams_burst: 10000,
+            resync_interval: None,
+            upstream_keepalive_interval: Duration::from_secs(30),
+            upstream_keepalive_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Downstream limits ("Limits and hardening" in README). Exceeding one ends only the offending
+/// stream (or closes the extra connection) and is counted.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub max_streams_per_connection: u32,
+    pub max_subscriptions_per_stream: usize,
+    pub max_name_bytes: usize,
+    /// 0 disables the request-rate limit.
+    pub max_requests_per_second: u32,
+    pub request_burst: u32,
+    /// Zero disables stuck-client detection.
+    pub stuck_client_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 20_000,
+            max_streams_per_connection: 100,
+            max_subscriptions_per_stream: 100_000,
+            max_name_bytes: 4096,
+            max_requests_per_second: 100,
+            request_burst: 1000,
+            stuck_client_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Limits {
+    /// The per-stream part, as the stream driver applies it.
+    pub fn stream(&self) -> crate::downstream::limits::StreamLimits {
+        crate::downstream::limits::StreamLimits {
+            max_subscriptions: self.max_subscriptions_per_stream,
+            max_name_bytes: self.max_name_bytes,
+            requests_per_second: self.max_requests_per_second,
+            request_burst: self.request_burst,
+            stuck_timeout: self.stuck_client_timeout,
+        }
+    }
 }
 
 impl Config {
     /// Defaults for everything but the upstream (used by the demo and tests).
     pub fn with_upstream(upstream: http::Uri) -> Self {
+        let upstream_clone = upstream.clone();
         Config {
             upstream,
             listen: ([0, 0, 0, 0], 18000).into(),
@@ -136,6 +257,10 @@ impl Config {
             backoff_initial: Duration::from_millis(250),
             backoff_max: Duration::from_secs(30),
             params_from_metadata: Vec::new(),
+            limits: Limits::default(),
+            upstreams: vec![upstream_clone],
+            grouping: GroupingConfig::default(),
+            resilience: Resilience::default(),
         }
     }
 }
@@ -191,7 +316,10 @@ impl RelayArgs {
             Some(p) => (read_file(p)?, p.display().to_string()),
             None => (FileConfig::default(), "config file".to_string()),
         };
-        let upstream = pick(self.upstream, "upstream", file.upstream, &path).ok_or_else(|| {
+        let file_upstream = file
+            .upstream
+            .or_else(|| file.upstreams.as_ref().and_then(|u| u.first().cloned()));
+        let upstream = pick(self.upstream, "upstream", file_upstream, &path).ok_or_else(|| {
             invalid(
                 "command line",
                 "upstream",
@@ -261,6 +389,93 @@ impl RelayArgs {
             cfg.backoff_max =
                 parse_duration(&v).map_err(|m| invalid(&path, "upstream_backoff_max", m))?;
         }
+        {
+            let l = &mut cfg.limits;
+            let positive = |v: Option<Sourced<usize>>, field: &'static str, out: &mut usize| {
+                if let Some(s) = v {
+                    if s.value == 0 {
+                        return Err(invalid(&s.origin, field, "must be at least 1"));
+                    }
+                    *out = s.value;
+                }
+                Ok(())
+            };
+            positive(
+                pick(
+                    self.max_connections,
+                    "max-connections",
+                    file.max_connections,
+                    &path,
+                ),
+                "max_connections",
+                &mut l.max_connections,
+            )?;
+            positive(
+                pick(
+                    self.max_subscriptions_per_stream,
+                    "max-subscriptions-per-stream",
+                    file.max_subscriptions_per_stream,
+                    &path,
+                ),
+                "max_subscriptions_per_stream",
+                &mut l.max_subscriptions_per_stream,
+            )?;
+            if let Some(s) = pick(
+                self.max_name_bytes,
+                "max-name-bytes",
+                file.max_name_bytes,
+                &path,
+            ) {
+                if s.value < 64 {
+                    return Err(invalid(
+                        &s.origin,
+                        "max_name_bytes",
+                        format!("{} is too small (minimum 64)", s.value),
+                    ));
+                }
+                l.max_name_bytes = s.value;
+            }
+            if let Some(s) = pick(
+                self.max_streams_per_connection,
+                "max-streams-per-connection",
+                file.max_streams_per_connection,
+                &path,
+            ) {
+                if s.value == 0 {
+                    return Err(invalid(
+                        &s.origin,
+                        "max_streams_per_connection",
+                        "must be at least 1",
+                    ));
+                }
+                l.max_streams_per_connection = s.value;
+            }
+            if let Some(s) = pick(
+                self.max_requests_per_second,
+                "max-requests-per-second",
+                file.max_requests_per_second,
+                &path,
+            ) {
+                l.max_requests_per_second = s.value;
+            }
+            if let Some(s) = pick(
+                self.request_burst,
+                "request-burst",
+                file.request_burst,
+                &path,
+            ) {
+                l.request_burst = s.value;
+            }
+            if let Some(s) = pick(
+                self.stuck_client_timeout,
+                "stuck-client-timeout",
+                file.stuck_client_timeout,
+                &path,
+            ) {
+                l.stuck_client_timeout = parse_duration(&s.value)
+                    .map_err(|m| invalid(&s.origin, "stuck_client_timeout", m))?;
+            }
+        }
         if cfg.backoff_initial.is_zero() || cfg.backoff_max < cfg.backoff_initial {
             return Err(invalid(
                 &path,
@@ -268,8 +483,123 @@ impl RelayArgs {
                 "backoff must satisfy 0 < upstream_backoff_initial <= upstream_backoff_max",
             ));
         }
+        let upstream_from_flag = upstream.origin.starts_with("--");
+        apply_groups_and_resilience(
+            &mut cfg,
+            ExtraFile {
+                upstreams: file.upstreams.filter(|_| !upstream_from_flag),
+                groups: file.groups,
+                group_metadata_keys: file.group_metadata_keys,
+                unmatched: file.unmatched,
+                max_new_streams_per_second: file.max_new_streams_per_second,
+                new_streams_burst: file.new_streams_burst,
+                resync_interval: file.resync_interval,
+                upstream_keepalive_interval: file.upstream_keepalive_interval,
+                upstream_keepalive_timeout: file.upstream_keepalive_timeout,
+            },
+            &path,
+        )?;
         Ok(cfg)
     }
+}
+
+/// The config file keys of "Groups and resilience" (issue 5).
+struct ExtraFile {
+    upstreams: Option<Vec<String>>,
+    groups: Option<Vec<crate::grouping::GroupRule>>,
+    group_metadata_keys: Option<Vec<String>>,
+    unmatched: Option<crate::grouping::Unmatched>,
+    max_new_streams_per_second: Option<f64>,
+    new_streams_burst: Option<u32>,
+    resync_interval: Option<String>,
+    upstream_keepalive_interval: Option<String>,
+    upstream_keepalive_timeout: Option<String>,
+}
+
+fn apply_groups_and_resilience(
+    cfg: &mut Config,
+    f: ExtraFile,
+    path: &str,
+) -> Result<(), ConfigError> {
+    if let Some(list) = f.upstreams {
+        if list.is_empty() {
+            return Err(invalid(path, "upstreams", "must list at least one address"));
+        }
+        cfg.upstreams = list
+            .iter()
+            .map(|u| parse_upstream(u).map_err(|m| invalid(path, "upstreams", m)))
+            .collect::<Result<_, _>>()?;
+        cfg.upstream = cfg.upstreams[0].clone();
+    }
+    if let Some(rules) = f.groups {
+        for (i, r) in rules.iter().enumerate() {
+            r.validate().map_err(|(field, m)| {
+                invalid(
+                    path,
+                    "groups",
+                    format!("[[groups]] #{} {field}: {m}", i + 1),
+                )
+            })?;
+        }
+        cfg.grouping.rules = rules;
+    }
+    if let Some(keys) = f.group_metadata_keys {
+        if keys.iter().any(String::is_empty) {
+            return Err(invalid(
+                path,
+                "group_metadata_keys",
+                "keys must not be empty",
+            ));
+        }
+        cfg.grouping.metadata_keys = keys;
+    }
+    if let Some(u) = f.unmatched {
+        cfg.grouping.unmatched = u;
+    }
+    let r = &mut cfg.resilience;
+    if let Some(v) = f.max_new_streams_per_second {
+        if !v.is_finite() || v < 0.0 {
+            return Err(invalid(
+                path,
+                "max_new_streams_per_second",
+                format!("{v} must be >= 0 (0 disables the limit)"),
+            ));
+        }
+        r.max_new_streams_per_second = v;
+    }
+    if let Some(v) = f.new_streams_burst {
+        if v == 0 {
+            return Err(invalid(path, "new_streams_burst", "must be at least 1"));
+        }
+        r.new_streams_burst = v;
+    }
+    if let Some(v) = f.resync_interval {
+        let d = parse_duration(&v).map_err(|m| invalid(path, "resync_interval", m))?;
+        if !d.is_zero() && d < Duration::from_secs(1) {
+            return Err(invalid(
+                path,
+                "resync_interval",
+                format!("{v:?} is too short (minimum 1s; 0s turns resync off)"),
+            ));
+        }
+        r.resync_interval = (!d.is_zero()).then_some(d);
+    }
+    if let Some(v) = f.upstream_keepalive_interval {
+        r.upstream_keepalive_interval =
+            parse_duration(&v).map_err(|m| invalid(path, "upstream_keepalive_interval", m))?;
+    }
+    if let Some(v) = f.upstream_keepalive_timeout {
+        r.upstream_keepalive_timeout =
+            parse_duration(&v).map_err(|m| invalid(path, "upstream_keepalive_timeout", m))?;
+    }
+    if r.upstream_keepalive_interval.is_zero() || r.upstream_keepalive_timeout.is_zero() {
+        return Err(invalid(
+            path,
+            "upstream_keepalive_interval",
+            "upstream keepalive interval and timeout must be > 0",
+        ));
+    }
+    Ok(())
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -478,5 +808,46 @@ mod tests {
         a.config = Some(path);
         a.node_id = Some("from-flag".into());
         assert_eq!(a.into_config().unwrap().node_id, "from-flag");
+    }
+
+    #[test]
+    fn groups_upstreams_and_resilience_from_file() {
+        let dir = std::env::temp_dir().join(format!("adsrelay-cfg5-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("relay.toml");
+        std::fs::write(
+            &path,
+            "upstreams = [\"10.0.0.1:18000\", \"cp-b.internal:18000\"]\n\
+             resync_interval = \"10m\"\nmax_new_streams_per_second = 50\n\
+             unmatched = \"passthrough\"\n\
+             [[groups]]\ncluster = \"edge-*\"\nupstream_id = \"adsrelay-{cluster}\"\n\
+             metadata_keys = [\"env\"]\n",
+        )
+        .unwrap();
+        let mut a = args(None);
+        a.config = Some(path.clone());
+        let c = a.into_config().unwrap();
+        assert_eq!(c.upstreams.len(), 2);
+        assert_eq!(c.upstream, c.upstreams[0]);
+        assert_eq!(c.resilience.resync_interval, Some(Duration::from_secs(600)));
+        assert_eq!(c.resilience.max_new_streams_per_second, 50.0);
+        assert_eq!(
+            c.grouping.unmatched,
+            crate::grouping::Unmatched::Passthrough
+        );
+        assert_eq!(c.grouping.rules[0].metadata_keys, vec!["env".to_string()]);
+
+        std::fs::write(
+            &path,
+            "upstream = \"127.0.0.1:1\"\n[[groups]]\nupstream_id = \"{clustr}\"\n",
+        )
+        .unwrap();
+        let mut a = args(None);
+        a.config = Some(path);
+        let e = a.into_config().unwrap_err().to_string();
+        assert!(
+            e.contains("[[groups]] #1 upstream_id") && e.contains("{clustr}"),
+            "{e}"
+        );
     }
 }

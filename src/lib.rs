@@ -8,17 +8,20 @@
 //! - [`downstream`]: one task per client stream driving the core; bounded change mailboxes.
 //! - [`upstream`]: the per-group upstream Delta stream: connect, backoff, resubscribe, ACK/NACK.
 //! - [`admin`]: HTTP /healthz and /readyz.
+//! - [`grouping`]: which downstream nodes share a group, and the node presented upstream for it.
 //! - [`config`]: flags and config file -> validated [`config::Config`].
 //! - [`demo`]: the embedded demo control plane, its example resources and backend.
 //! - [`pb`]: generated protobuf types (proto/ is the wire contract).
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod admission;
 pub mod backoff;
 pub mod config;
 pub mod csds;
 pub mod demo;
 pub mod downstream;
+pub mod grouping;
 pub mod metrics;
 pub mod pb;
 pub mod relay;
@@ -56,11 +59,28 @@ pub async fn run(
     let mut server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)));
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+        .max_concurrent_streams(Some(relay.config.limits.max_streams_per_connection));
     // Each accepted connection is counted (adsrelay_downstream_connections) while it is open.
     let counted = relay.clone();
-    let incoming = tokio_stream::StreamExt::map(TcpListenerStream::new(xds), move |conn| {
-        conn.map(|io| metrics::CountedIo::new(io, &counted.metrics))
+    // Past max_connections a new connection is closed at once (and counted).
+    let max_connections = relay.config.limits.max_connections;
+    let incoming = tokio_stream::StreamExt::filter_map(TcpListenerStream::new(xds), move |conn| {
+        let open = counted
+            .metrics
+            .connections
+            .load(std::sync::atomic::Ordering::Relaxed);
+        match conn {
+            Ok(_) if open >= max_connections as i64 => {
+                counted.metrics.connection_rejected();
+                tracing::warn!(
+                    max_connections,
+                    "connection refused: max_connections reached"
+                );
+                None
+            }
+            conn => Some(conn.map(|io| metrics::CountedIo::new(io, &counted.metrics))),
+        }
     });
     let result =
         downstream::services::add_all(&mut server, relay.clone(), relay.config.max_message_bytes)

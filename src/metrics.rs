@@ -34,6 +34,8 @@ pub mod name {
     pub const DOWNSTREAM_CONNECTIONS: &str = "adsrelay_downstream_connections";
     pub const DOWNSTREAM_CONNECTIONS_ACCEPTED: &str =
         "adsrelay_downstream_connections_accepted_total";
+    pub const DOWNSTREAM_CONNECTIONS_REJECTED: &str =
+        "adsrelay_downstream_connections_rejected_total";
     pub const DOWNSTREAM_STREAMS: &str = "adsrelay_downstream_streams";
     pub const DOWNSTREAM_STREAMS_OPENED: &str = "adsrelay_downstream_streams_opened_total";
     pub const DOWNSTREAM_STREAMS_REJECTED: &str = "adsrelay_downstream_streams_rejected_total";
@@ -62,6 +64,11 @@ pub mod name {
     pub const DO_NOT_CACHE_REFETCH_FALLBACKS: &str =
         "adsrelay_do_not_cache_refetch_fallbacks_total";
     pub const CACHE_TTL_EXPIRED: &str = "adsrelay_cache_ttl_expired_total";
+    pub const GROUP_MEMBER_MISMATCH: &str = "adsrelay_group_member_mismatch_total";
+    pub const UPSTREAM_GROUPS: &str = "adsrelay_upstream_groups";
+    pub const DRIFT_REPAIRS: &str = "adsrelay_drift_repairs_total";
+    pub const UPSTREAM_RESYNCS: &str = "adsrelay_upstream_resyncs_total";
+    pub const UPSTREAM_FAILOVERS: &str = "adsrelay_upstream_failovers_total";
 }
 
 /// (name, HELP text). README's "Metrics" table mirrors this list.
@@ -73,7 +80,11 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (name::DOWNSTREAM_STREAMS_OPENED, "Downstream xDS streams opened (first request accepted), by protocol."),
     (
         name::DOWNSTREAM_STREAMS_REJECTED,
-        "Downstream xDS streams ended by the relay because of a bad request, by reason (missing_node: first request without node; invalid_request: e.g. empty or mismatched type_url).",
+        "Downstream xDS streams ended by the relay because of a bad request or an exceeded limit, by reason (missing_node, invalid_request, malformed_request, message_too_large, name_too_long, invalid_locator, too_many_subscriptions, rate_limited, stuck_client).",
+    ),
+    (
+        name::DOWNSTREAM_CONNECTIONS_REJECTED,
+        "Downstream TCP connections closed at once because max_connections were already open.",
     ),
     (
         name::DOWNSTREAM_SUBSCRIPTIONS,
@@ -129,6 +140,23 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
         "Refetches the upstream did not answer within 2s, retried as unsubscribe then subscribe, by group.",
     ),
     (name::CACHE_TTL_EXPIRED, "Cached resource variants dropped because their TTL ran out without a refresh, by group."),
+    (
+        name::GROUP_MEMBER_MISMATCH,
+        "Clients that joined a group while differing from its first member in node fields the group ignores (cluster, metadata, locality, user agent), by group. The control plane sees one node for the whole group.",
+    ),
+    (
+        name::UPSTREAM_GROUPS,
+        "Aggregation groups (one upstream stream each) per control-plane address, by upstream.",
+    ),
+    (
+        name::DRIFT_REPAIRS,
+        "Resources found different from the control plane by a periodic resync (missed update or removal) and repaired, by group.",
+    ),
+    (name::UPSTREAM_RESYNCS, "Periodic resyncs (upstream stream re-established to reconcile the cache), by group."),
+    (
+        name::UPSTREAM_FAILOVERS,
+        "Upstream connection attempts moved to another control-plane address after a failure, by group.",
+    ),
 ];
 
 /// Fan-out latency buckets, in seconds.
@@ -143,13 +171,47 @@ pub const PROTOCOLS: [&str; 2] = ["delta", "sotw"];
 pub enum Rejection {
     MissingNode,
     InvalidRequest,
+    MalformedRequest,
+    MessageTooLarge,
+    NameTooLong,
+    InvalidLocator,
+    TooManySubscriptions,
+    RateLimited,
+    StuckClient,
+    /// Over the new-stream admission rate (`max_new_streams_per_second`).
+    Admission,
+    /// The node matches no `[[groups]]` rule and `unmatched = "reject"`.
+    NoGroup,
 }
 
 impl Rejection {
-    fn label(self) -> &'static str {
+    pub const ALL: [Rejection; 11] = [
+        Rejection::MissingNode,
+        Rejection::InvalidRequest,
+        Rejection::MalformedRequest,
+        Rejection::MessageTooLarge,
+        Rejection::NameTooLong,
+        Rejection::InvalidLocator,
+        Rejection::TooManySubscriptions,
+        Rejection::RateLimited,
+        Rejection::StuckClient,
+        Rejection::Admission,
+        Rejection::NoGroup,
+    ];
+
+    pub fn label(self) -> &'static str {
         match self {
             Rejection::MissingNode => "missing_node",
             Rejection::InvalidRequest => "invalid_request",
+            Rejection::MalformedRequest => "malformed_request",
+            Rejection::MessageTooLarge => "message_too_large",
+            Rejection::NameTooLong => "name_too_long",
+            Rejection::InvalidLocator => "invalid_locator",
+            Rejection::TooManySubscriptions => "too_many_subscriptions",
+            Rejection::RateLimited => "rate_limited",
+            Rejection::StuckClient => "stuck_client",
+            Rejection::Admission => "admission",
+            Rejection::NoGroup => "no_group",
         }
     }
 }
@@ -192,6 +254,12 @@ pub struct GroupScrape {
     pub refetches: u64,
     pub refetch_fallbacks: u64,
     pub ttl_expired: u64,
+    pub member_mismatches: u64,
+    pub drift_repairs: u64,
+    pub resyncs: u64,
+    pub failovers: u64,
+    /// The control-plane address the group uses (or tries) now.
+    pub upstream: String,
 }
 
 /// A scrape-time gauge: name and label pairs.
@@ -204,7 +272,8 @@ pub struct Metrics {
     /// type_url label values handed out so far (bounded by [`MAX_TYPE_LABELS`]).
     type_labels: Mutex<HashSet<String>>,
     streams_opened: [Counter; 2],
-    rejected: [Counter; 2],
+    rejected: [Counter; Rejection::ALL.len()],
+    connections_rejected: Counter,
     connections_accepted: Counter,
     fanout: Histogram,
     /// Open downstream connections (kept by [`CountedIo`]).
@@ -252,13 +321,14 @@ impl Metrics {
         let by_protocol =
             |n: &'static str| PROTOCOLS.map(|p| counter(n, vec![Label::new("protocol", p)]));
         let streams_opened = by_protocol(name::DOWNSTREAM_STREAMS_OPENED);
-        let rejected = [Rejection::MissingNode, Rejection::InvalidRequest].map(|r| {
+        let rejected = Rejection::ALL.map(|r| {
             counter(
                 name::DOWNSTREAM_STREAMS_REJECTED,
                 vec![Label::new("reason", r.label())],
             )
         });
         let connections_accepted = counter(name::DOWNSTREAM_CONNECTIONS_ACCEPTED, vec![]);
+        let connections_rejected = counter(name::DOWNSTREAM_CONNECTIONS_REJECTED, vec![]);
         let fanout = recorder.register_histogram(&Key::from_name(name::FANOUT_LATENCY), &METADATA);
         recorder
             .register_gauge(
@@ -276,6 +346,7 @@ impl Metrics {
             type_labels: Mutex::new(HashSet::new()),
             streams_opened,
             rejected,
+            connections_rejected,
             connections_accepted,
             fanout,
             connections: Arc::new(AtomicI64::new(0)),
@@ -332,6 +403,11 @@ impl Metrics {
 
     pub fn stream_rejected(&self, reason: Rejection) {
         self.rejected[reason as usize].increment(1);
+    }
+
+    /// A connection closed at once because `max_connections` were open.
+    pub fn connection_rejected(&self) {
+        self.connections_rejected.increment(1);
     }
 
     pub fn connection_accepted(&self) {
@@ -440,6 +516,7 @@ impl Metrics {
             self.gauge(name::CACHE_BYTES, vec![("type_url", t)], b as f64);
         }
         let now = SystemTime::now();
+        let mut groups_per_upstream: HashMap<String, usize> = HashMap::new();
         for g in state.groups {
             let group = || vec![Label::new("group", g.group.clone())];
             self.gauge(
@@ -474,11 +551,23 @@ impl Metrics {
                 g.refetch_fallbacks,
             );
             self.counter_absolute(name::CACHE_TTL_EXPIRED, group(), g.ttl_expired);
+            self.counter_absolute(name::GROUP_MEMBER_MISMATCH, group(), g.member_mismatches);
+            self.counter_absolute(name::DRIFT_REPAIRS, group(), g.drift_repairs);
+            self.counter_absolute(name::UPSTREAM_RESYNCS, group(), g.resyncs);
+            self.counter_absolute(name::UPSTREAM_FAILOVERS, group(), g.failovers);
+            *groups_per_upstream.entry(g.upstream.clone()).or_default() += 1;
             self.counter_absolute(name::UPSTREAM_NACKS, group(), g.nacks_sent);
             self.counter_absolute(
                 name::UPSTREAM_ACKS,
                 group(),
                 g.responses.saturating_sub(g.nacks_sent),
+            );
+        }
+        for (upstream, n) in groups_per_upstream {
+            self.gauge(
+                name::UPSTREAM_GROUPS,
+                vec![("upstream", upstream)],
+                n as f64,
             );
         }
         // Label sets that disappeared (a type no longer cached, ...) read 0, not their last value.

@@ -2,6 +2,7 @@
 //! its downstream mailboxes and its upstream task. Implements [`StreamHost`] for downstream streams,
 //! keeps the registry of connected clients (admin API, CSDS) and records the relay's metrics.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
@@ -9,10 +10,13 @@ use std::time::{Instant, SystemTime};
 use dashmap::DashMap;
 use tokio::sync::{watch, Notify};
 use tonic::Status;
+use tracing::{debug, info, warn};
 
+use crate::admission::Admission;
 use crate::config::Config;
 use crate::downstream::{ClientEntry, Mailbox, StreamEvent, StreamHost};
-use crate::metrics::{GroupScrape, Metrics, ScrapeState};
+use crate::grouping::{identity_digest, same_identity, Assignment, Grouping, IgnoredFields};
+use crate::metrics::{GroupScrape, Metrics, Rejection, ScrapeState};
 use crate::pb::core::Node;
 use crate::sync::lock;
 use crate::xds::constraints::Params;
@@ -33,6 +37,16 @@ pub struct UpstreamStatus {
     pub responses: u64,
     pub nacks_sent: u64,
     pub last_error: Option<String>,
+    /// The control-plane address in use (or being tried).
+    pub upstream: Option<String>,
+    /// Attempts moved to another control-plane address after a failure.
+    pub failovers: u64,
+    /// Periodic resyncs done, and the resources they found different and repaired.
+    pub resyncs: u64,
+    pub drift_repairs: u64,
+    pub last_resync: Option<SystemTime>,
+    /// When the upstream stream was lost (None while connected).
+    pub disconnected_since: Option<SystemTime>,
 }
 
 /// One aggregation group: the downstream clients of one upstream identity.
@@ -44,6 +58,14 @@ pub struct Group {
     streams: DashMap<StreamId, Arc<Mailbox>>,
     /// Wakes the upstream task when the interest changed.
     pub upstream_wake: Notify,
+    /// The node the relay presents upstream for this group (its identity, D1).
+    pub upstream_node: Node,
+    /// The node fields the group ignores, as its first member had them.
+    first_member: IgnoredFields,
+    /// Members that joined differing from the first in ignored fields.
+    pub member_mismatches: AtomicU64,
+    /// Ignored fields already reported at warn level (later mismatches log at debug).
+    mismatch_logged: Mutex<HashSet<&'static str>>,
 }
 
 impl Group {
@@ -60,6 +82,14 @@ impl Group {
     pub fn stream_count(&self) -> usize {
         self.streams.len()
     }
+
+    /// The mailboxes of the group's open streams (graceful drain closes them in batches).
+    pub fn mailboxes(&self) -> Vec<(StreamId, Arc<Mailbox>)> {
+        self.streams
+            .iter()
+            .map(|e| (*e.key(), e.value().clone()))
+            .collect()
+    }
 }
 
 #[derive(Debug)]
@@ -73,11 +103,28 @@ pub struct Relay {
     pub metrics: Metrics,
     /// Every open downstream stream, for the admin API and CSDS.
     clients: DashMap<StreamId, Arc<ClientEntry>>,
+    grouping: Grouping,
+    /// New-stream admission (None: unlimited).
+    admission: Option<Mutex<Admission>>,
 }
 
 impl Relay {
     pub fn new(config: Config, shutdown: watch::Receiver<bool>) -> Arc<Self> {
+        let grouping = Grouping::new(
+            config.grouping.rules.clone(),
+            config.grouping.metadata_keys.clone(),
+            config.node_id.clone(),
+            config.grouping.unmatched,
+        );
+        let admission = Admission::new(
+            config.resilience.max_new_streams_per_second,
+            config.resilience.new_streams_burst,
+            Instant::now(),
+        )
+        .map(Mutex::new);
         Arc::new(Relay {
+            grouping,
+            admission,
             config: Arc::new(config),
             groups: DashMap::new(),
             next_stream: AtomicU64::new(1),
@@ -138,37 +185,99 @@ impl Relay {
                 refetches,
                 refetch_fallbacks,
                 ttl_expired,
+                member_mismatches: g.member_mismatches.load(Ordering::Relaxed),
+                drift_repairs: status.drift_repairs,
+                resyncs: status.resyncs,
+                failovers: status.failovers,
+                upstream: status.upstream.clone().unwrap_or_default(),
             });
         }
         self.metrics.render(s)
     }
 
-    /// The group for a downstream node: in this version, its `node.cluster`.
-    pub fn group_for(&self, node: &Node) -> Arc<Group> {
-        if let Some(g) = self.groups.get(&node.cluster) {
-            return g.clone();
+    /// The group for a downstream node (README "Groups and resilience"): the first matching
+    /// `[[groups]]` rule (or the implicit one) names it and renders the node presented upstream.
+    /// Nodes share a group only if that upstream node is the same; a name already taken by a
+    /// different identity gets a digest suffix. A node that matches no rule is refused
+    /// (PERMISSION_DENIED) unless `unmatched = "passthrough"`.
+    pub fn group_for(&self, node: &Node) -> Result<Arc<Group>, Status> {
+        let Some(a) = self.grouping.assign(node) else {
+            return Err(Status::permission_denied(format!(
+                "adsrelay: node id={:?} cluster={:?} matches no [[groups]] rule of this relay; \
+                 add a rule for it or set unmatched = \"passthrough\"",
+                node.id, node.cluster
+            )));
+        };
+        let mut name = a.name.clone();
+        if let Some(g) = self.groups.get(&name) {
+            if !same_identity(&g.upstream_node, &a.upstream) {
+                name = format!("{name}~{}", identity_digest(&a.upstream));
+            }
         }
-        let entry = self.groups.entry(node.cluster.clone()).or_insert_with(|| {
-            let group = Arc::new(Group {
-                name: node.cluster.clone(),
-                state: Mutex::new(GroupState::new(self.config.unsubscribe_linger)),
-                status: Mutex::new(UpstreamStatus::default()),
-                streams: DashMap::new(),
-                upstream_wake: Notify::new(),
-            });
-            tokio::spawn(crate::upstream::housekeeping(
-                group.clone(),
-                self.shutdown.clone(),
-            ));
-            tokio::spawn(crate::upstream::run(
-                self.config.clone(),
-                group.clone(),
-                self.upstream_reached.clone(),
-                self.shutdown.clone(),
-            ));
-            group
+        let group = match self.groups.get(&name) {
+            Some(g) => g.clone(),
+            None => self
+                .groups
+                .entry(name.clone())
+                .or_insert_with(|| self.new_group(name.clone(), &a))
+                .clone(),
+        };
+        self.check_member(&group, node, &a);
+        Ok(group)
+    }
+
+    fn new_group(&self, name: String, a: &Assignment) -> Arc<Group> {
+        info!(group = %name, upstream_id = %a.upstream.id, upstream_cluster = %a.upstream.cluster,
+            passthrough = a.passthrough, "new aggregation group");
+        let group = Arc::new(Group {
+            name,
+            state: Mutex::new(GroupState::new(self.config.unsubscribe_linger)),
+            status: Mutex::new(UpstreamStatus::default()),
+            streams: DashMap::new(),
+            upstream_wake: Notify::new(),
+            upstream_node: a.upstream.clone(),
+            first_member: a.ignored.clone(),
+            member_mismatches: AtomicU64::new(0),
+            mismatch_logged: Mutex::new(HashSet::new()),
         });
-        entry.clone()
+        tokio::spawn(crate::upstream::housekeeping(
+            group.clone(),
+            self.shutdown.clone(),
+        ));
+        tokio::spawn(crate::upstream::run(
+            self.config.clone(),
+            group.clone(),
+            self.upstream_reached.clone(),
+            self.shutdown.clone(),
+        ));
+        group
+    }
+
+    /// Makes a member that differs from the group's first member in fields the group ignores
+    /// visible: the control plane tailors config to the one node the relay presents, so such a
+    /// member may get config meant for another node.
+    fn check_member(&self, group: &Group, node: &Node, a: &Assignment) {
+        let differ = group.first_member.differences(&a.ignored);
+        if differ.is_empty() {
+            return;
+        }
+        group.member_mismatches.fetch_add(1, Ordering::Relaxed);
+        let mut logged = lock(&group.mismatch_logged);
+        let new: Vec<&str> = differ
+            .iter()
+            .copied()
+            .filter(|f| logged.insert(f))
+            .collect();
+        drop(logged);
+        if new.is_empty() {
+            debug!(group = %group.name, node_id = %node.id, fields = ?differ,
+                "group member differs from the first member in fields the group ignores");
+        } else {
+            warn!(group = %group.name, node_id = %node.id, cluster = %node.cluster, fields = ?differ,
+                "group member differs from the group's first member in node fields the group \
+                 ignores; the control plane sees one node for the whole group (add the field to \
+                 the group's key, e.g. metadata_keys, if it tailors config by it)");
+        }
     }
 
     pub fn groups(&self) -> Vec<Arc<Group>> {
@@ -180,7 +289,19 @@ impl StreamHost for Relay {
     type Session = Arc<Group>;
 
     fn open(&self, id: StreamId, node: &Node, mailbox: Arc<Mailbox>) -> Result<Arc<Group>, Status> {
-        let group = self.group_for(node);
+        if let Some(a) = &self.admission {
+            if !lock(a).admit(Instant::now()) {
+                self.metrics.stream_rejected(Rejection::Admission);
+                let r = &self.config.resilience;
+                return Err(Status::unavailable(format!(
+                    "adsrelay: too many new streams (admission limit {}/s, burst {}); retry with backoff",
+                    r.max_new_streams_per_second, r.new_streams_burst
+                )));
+            }
+        }
+        let group = self.group_for(node).inspect_err(|_| {
+            self.metrics.stream_rejected(Rejection::NoGroup);
+        })?;
         group.streams.insert(id, mailbox);
         Ok(group)
     }
@@ -241,6 +362,10 @@ impl StreamHost for Relay {
 
     fn next_stream_id(&self) -> StreamId {
         self.next_stream.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn limits(&self) -> crate::downstream::limits::StreamLimits {
+        self.config.limits.stream()
     }
 
     fn group_name(&self, group: &Arc<Group>) -> String {

@@ -16,7 +16,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::backoff::Backoff;
 use crate::config::Config;
-use crate::pb::core::{node::UserAgentVersionType, Node};
+use crate::pb::core::Node;
 use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceLocator};
 use crate::pb::relay_ads::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::pb::rpc;
@@ -42,29 +42,40 @@ enum SessionError {
     Closed,
     #[error("protocol violation: {0}")]
     Protocol(String),
-}
-
-/// The node the relay presents upstream for a group. The group's downstream `node.cluster` is kept
-/// so a control plane that tailors config per cluster keeps doing so.
-pub fn upstream_node(config: &Config, group: &str) -> Node {
-    Node {
-        id: config.node_id.clone(),
-        cluster: group.to_string(),
-        user_agent_name: "adsrelay".into(),
-        user_agent_version_type: Some(UserAgentVersionType::UserAgentVersion(
-            env!("CARGO_PKG_VERSION").into(),
-        )),
-        ..Default::default()
-    }
+    #[error("periodic resync")]
+    Resync,
 }
 
 pub fn endpoint(config: &Config) -> Endpoint {
-    Endpoint::from(config.upstream.clone())
+    endpoint_for(config, &config.upstream)
+}
+
+/// The endpoint for one control-plane address. Every session builds a new channel from it, and a
+/// channel resolves the host name when it connects, so each reconnect re-resolves DNS.
+pub fn endpoint_for(config: &Config, uri: &http::Uri) -> Endpoint {
+    let r = &config.resilience;
+    Endpoint::from(uri.clone())
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_timeout(Duration::from_secs(10))
+        .http2_keep_alive_interval(r.upstream_keepalive_interval)
+        .keep_alive_timeout(r.upstream_keepalive_timeout)
         .keep_alive_while_idle(true)
+}
+
+/// How long after a resync's stream opens its first response per type counts as the
+/// reconciliation answer (drift) rather than a new update.
+const RESYNC_WINDOW: Duration = Duration::from_secs(10);
+
+/// What the next session does, and what the last one achieved.
+struct Attempt {
+    /// Index into `config.upstreams`.
+    target: usize,
+    /// Send `initial_resource_versions` (false after switching servers, C6).
+    send_versions: bool,
+    /// This session is a periodic resync: count what it changes as drift.
+    resync: bool,
+    /// Set once the session received a response.
+    answered: bool,
 }
 
 /// Runs the group's time-driven work until shutdown, whether or not the upstream is connected:
@@ -91,7 +102,9 @@ pub async fn housekeeping(group: Arc<Group>, mut shutdown: watch::Receiver<bool>
     }
 }
 
-/// Runs the group's upstream stream until shutdown.
+/// Runs the group's upstream stream until shutdown: connects to the control-plane addresses in
+/// order, stays on the one that answers, fails over to the next when a connection fails or a stream
+/// ends before answering, and re-establishes the stream every `resync_interval` to reconcile.
 pub async fn run(
     config: Arc<Config>,
     group: Arc<Group>,
@@ -100,28 +113,62 @@ pub async fn run(
 ) {
     let span = tracing::info_span!("upstream", group = %group.name);
     async move {
-        let node = upstream_node(&config, &group.name);
+        let node = group.upstream_node.clone();
         let mut backoff = Backoff::new(config.backoff_initial, config.backoff_max);
+        // The server that last answered: versions are per server, so only it gets IRV (C6).
+        let mut last_answered: Option<usize> = None;
+        let mut attempt = Attempt {
+            target: 0,
+            send_versions: true,
+            resync: false,
+            answered: false,
+        };
         loop {
             if *shutdown.borrow() {
                 return;
             }
+            attempt.send_versions = last_answered.is_none_or(|i| i == attempt.target);
+            attempt.answered = false;
+            lock(&group.status).upstream = Some(config.upstreams[attempt.target].to_string());
             let ended = tokio::select! {
-                r = session(&config, &group, &node, &reached, &mut backoff) => r,
+                r = session(&config, &group, &node, &reached, &mut backoff, &mut attempt) => r,
                 _ = shutdown.changed() => return,
             };
+            if attempt.answered {
+                last_answered = Some(attempt.target);
+            }
+            attempt.resync = false;
             let error = match ended {
                 Ok(()) => return,
+                Err(SessionError::Resync) => {
+                    info!("periodic resync: re-establishing the upstream stream to reconcile the cache");
+                    let mut status = lock(&group.status);
+                    status.resyncs += 1;
+                    status.last_resync = Some(SystemTime::now());
+                    attempt.resync = true;
+                    continue;
+                }
                 Err(e) => e.to_string(),
             };
+            let failed_over = !attempt.answered && config.upstreams.len() > 1;
+            if failed_over {
+                attempt.target = (attempt.target + 1) % config.upstreams.len();
+            }
             {
                 let mut status = lock(&group.status);
+                if status.connected || status.disconnected_since.is_none() {
+                    status.disconnected_since = Some(SystemTime::now());
+                }
                 status.connected = false;
                 status.connected_since = None;
                 status.last_error = Some(error.clone());
+                if failed_over {
+                    status.failovers += 1;
+                }
             }
             let delay = backoff.next_delay();
-            warn!(%error, retry_in = ?delay, "upstream unavailable; serving from cache");
+            warn!(%error, retry_in = ?delay, next_upstream = %config.upstreams[attempt.target],
+                "upstream unavailable; serving from cache");
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
                 _ = shutdown.changed() => return,
@@ -138,8 +185,10 @@ async fn session(
     node: &Node,
     reached: &AtomicBool,
     backoff: &mut Backoff,
+    attempt: &mut Attempt,
 ) -> Result<(), SessionError> {
-    let channel: Channel = endpoint(config).connect().await?;
+    let target = &config.upstreams[attempt.target];
+    let channel: Channel = endpoint_for(config, target).connect().await?;
     let mut client = AggregatedDiscoveryServiceClient::new(channel)
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
@@ -154,9 +203,13 @@ async fn session(
             .map(|(type_url, names)| {
                 let interest = &state.interest;
                 let wildcard = interest.is_wildcard(&type_url);
-                let irv = state
-                    .store
-                    .initial_versions(&type_url, |n| wildcard || interest.wants(&type_url, n));
+                let irv = if attempt.send_versions {
+                    state
+                        .store
+                        .initial_versions(&type_url, |n| wildcard || interest.wants(&type_url, n))
+                } else {
+                    Default::default()
+                };
                 let (names, locators) = split_locators(&names);
                 DeltaDiscoveryRequest {
                     node: Some(node.clone()),
@@ -168,6 +221,12 @@ async fn session(
                 }
             })
             .collect()
+    };
+    // A resync counts the first response per type (within the window) as the reconciliation.
+    let mut resync_types: std::collections::HashSet<String> = if attempt.resync {
+        initial.iter().map(|r| r.type_url.clone()).collect()
+    } else {
+        Default::default()
     };
     for req in initial {
         info!(type_url = %req.type_url, names = req.resource_names_subscribe.len(),
@@ -185,18 +244,32 @@ async fn session(
         status.connected_since = Some(SystemTime::now());
         status.streams_opened += 1;
         status.last_error = None;
+        status.disconnected_since = None;
     }
-    info!(upstream = %config.upstream, "upstream stream open");
+    info!(upstream = %target, initial_versions = attempt.send_versions, "upstream stream open");
+    let opened = Instant::now();
+    let resync_at = config
+        .resilience
+        .resync_interval
+        .map(|d| tokio::time::Instant::now() + d);
 
     loop {
         tokio::select! {
             msg = inbound.message() => {
                 let resp = msg?.ok_or(SessionError::Closed)?;
                 backoff.reset();
+                attempt.answered = true;
                 reached.store(true, Ordering::Relaxed);
-                let reply = apply_response(group, node, resp)?;
+                let counts_as_drift = resync_types.remove(&resp.type_url)
+                    && opened.elapsed() < RESYNC_WINDOW;
+                let (reply, changed) = apply_response(group, node, resp)?;
+                if counts_as_drift && changed > 0 {
+                    info!(repaired = changed, "resync found drift between the cache and the control plane; repaired");
+                    lock(&group.status).drift_repairs += changed as u64;
+                }
                 send(&tx, reply).await?;
             }
+            () = sleep_until_opt(resync_at) => return Err(SessionError::Resync),
             () = group.upstream_wake.notified() => {
                 send_interest_changes(group, node, &tx).await?;
             }
@@ -259,12 +332,20 @@ fn split_locators(locators: &[Locator]) -> (Vec<String>, Vec<ResourceLocator>) {
     )
 }
 
-/// Applies one upstream response and returns the ACK or NACK for it.
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Applies one upstream response and returns the ACK or NACK for it, and how many names changed.
 fn apply_response(
     group: &Group,
     node: &Node,
     resp: DeltaDiscoveryResponse,
-) -> Result<DeltaDiscoveryRequest, SessionError> {
+) -> Result<(DeltaDiscoveryRequest, usize), SessionError> {
+    let mut changed = 0;
     let received_at = Instant::now();
     if resp.nonce.is_empty() {
         // F8: a response without a nonce cannot be acknowledged; start over.
@@ -330,6 +411,7 @@ fn apply_response(
         Ok(Some((changes, affected))) => {
             debug!(type_url = %resp.type_url, nonce = %resp.nonce, changed = changes.names.len(), "upstream update");
             drop(status);
+            changed = changes.names.len();
             if !changes.is_empty() {
                 group.publish(changes, affected);
             }
@@ -357,7 +439,7 @@ fn apply_response(
             });
         }
     }
-    Ok(reply)
+    Ok((reply, changed))
 }
 
 /// Connects to the control plane once (retrying with backoff) so /readyz can tell a relay that has
@@ -368,16 +450,19 @@ pub async fn probe(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Backoff::new(config.backoff_initial, config.backoff_max);
+    let mut target = 0;
     while !reached.load(Ordering::Relaxed) {
-        match endpoint(&config).connect().await {
+        let uri = &config.upstreams[target];
+        match endpoint_for(&config, uri).connect().await {
             Ok(_) => {
-                info!(upstream = %config.upstream, "control plane reachable");
+                info!(upstream = %uri, "control plane reachable");
                 reached.store(true, Ordering::Relaxed);
                 return;
             }
             Err(e) => {
                 let delay = backoff.next_delay();
-                warn!(upstream = %config.upstream, error = %e, retry_in = ?delay, "control plane not reachable yet");
+                warn!(upstream = %uri, error = %e, retry_in = ?delay, "control plane not reachable yet");
+                target = (target + 1) % config.upstreams.len();
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
                     _ = shutdown.changed() => return,

@@ -133,7 +133,9 @@ impl Args {
             return Err("--eds-per-client cannot exceed --eds-pool".into());
         }
         if self.resources == 0 {
-            return Err("--resources must be at least 1 (update pattern `one` changes cluster-0)".into());
+            return Err(
+                "--resources must be at least 1 (update pattern `one` changes cluster-0)".into(),
+            );
         }
         if !self.allow_non_loopback {
             for (flag, addr) in [

@@ -22,7 +22,8 @@ use crate::measure::RunCtx;
 use crate::workload::{parse_index, parse_version, version_string, Kind};
 
 const ABSENT: u32 = u32::MAX;
-const DELTA_PATH: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+const DELTA_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 /// Stream failures (not churn reconnects) a client tolerates before giving up.
 const MAX_FAILURES: u32 = 5;
 
@@ -253,7 +254,11 @@ fn delta_opening(state: &ClientState, node: Node) -> Vec<DeltaDiscoveryRequest> 
             node: out.is_empty().then(|| node.clone()),
             type_url: kind.type_url().into(),
             resource_names_subscribe: match kind {
-                Kind::Endpoints => state.eds_indices().into_iter().map(|i| kind.name(i)).collect(),
+                Kind::Endpoints => state
+                    .eds_indices()
+                    .into_iter()
+                    .map(|i| kind.name(i))
+                    .collect(),
                 _ => Vec::new(),
             },
             initial_resource_versions: state.held_versions(kind),
@@ -279,9 +284,15 @@ enum StreamEnd {
 
 /// One Delta ADS client: opens the stream, ACKs every response, follows churn commands, reopens the
 /// stream after a failure (at most [`MAX_FAILURES`] times) with the versions it holds.
-pub async fn run_delta(ctx: Arc<RunCtx>, id: u32, channel: Channel, mut ctrl: mpsc::Receiver<Ctrl>) {
+pub async fn run_delta(
+    ctx: Arc<RunCtx>,
+    id: u32,
+    channel: Channel,
+    mut ctrl: mpsc::Receiver<Ctrl>,
+) {
     let mut state = ClientState::new(id, &ctx);
-    let mut rng = StdRng::seed_from_u64(ctx.workload.seed ^ u64::from(id).wrapping_mul(0x2545_f491));
+    let mut rng =
+        StdRng::seed_from_u64(ctx.workload.seed ^ u64::from(id).wrapping_mul(0x2545_f491));
     let mut failures = 0;
     let mut opened_before = false;
     while failures < MAX_FAILURES {
@@ -294,7 +305,8 @@ pub async fn run_delta(ctx: Arc<RunCtx>, id: u32, channel: Channel, mut ctrl: mp
             .max_encoding_message_size(256 << 20);
         let opened = match grpc.ready().await {
             Ok(()) => {
-                let codec = tonic_prost::ProstCodec::<DeltaDiscoveryRequest, LiteResponse>::default();
+                let codec =
+                    tonic_prost::ProstCodec::<DeltaDiscoveryRequest, LiteResponse>::default();
                 grpc.streaming(
                     tonic::Request::new(ReceiverStream::new(rx)),
                     http::uri::PathAndQuery::from_static(DELTA_PATH),

@@ -151,7 +151,10 @@ impl FloorServer {
         for kind in [Kind::Cluster, Kind::Listener] {
             let _ = send.send_data(response(kind, st.encoded[kind as usize].clone(), n), false);
         }
-        let mine = eds.iter().map(|&i| st.encoded[2][i as usize].clone()).collect();
+        let mine = eds
+            .iter()
+            .map(|&i| st.encoded[2][i as usize].clone())
+            .collect();
         let _ = send.send_data(response(Kind::Endpoints, mine, n), false);
         st.streams.push(FloorStream { send, eds });
     }
@@ -296,7 +299,8 @@ async fn run_stream(
                 Ok(r) => {
                     let n = state.apply(&r);
                     ctx.responses.fetch_add(1, Ordering::Relaxed);
-                    ctx.resources_received.fetch_add(n as u64, Ordering::Relaxed);
+                    ctx.resources_received
+                        .fetch_add(n as u64, Ordering::Relaxed);
                     state.check(&ctx);
                 }
                 Err(e) => return ctx.error(format!("floor client {id}: decode: {e}")),

@@ -85,7 +85,10 @@ impl RunCtx {
     }
 
     pub fn current(&self) -> Option<Arc<UpdateSpec>> {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn mark_synced(&self, id: u32, since: Instant) {
@@ -216,7 +219,11 @@ impl UpdateResult {
 
 /// Waits until every expected client completed `spec` or `timeout` passed; calls `tick` about
 /// every 200 ms with the number done. Returns whether it timed out.
-pub async fn wait_update(spec: &UpdateSpec, timeout: Duration, mut tick: impl FnMut(usize)) -> bool {
+pub async fn wait_update(
+    spec: &UpdateSpec,
+    timeout: Duration,
+    mut tick: impl FnMut(usize),
+) -> bool {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let done = spec.done.load(Ordering::Acquire);

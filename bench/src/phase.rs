@@ -167,31 +167,50 @@ pub async fn run(
     // The upstream and the address clients connect to.
     let (mut upstream, addr, pid) = match target {
         Target::Floor => {
-            let f = FloorServer::start(workload.clone(), "127.0.0.1:0".parse().unwrap(), &mut servers)
-                .await
-                .map_err(|e| format!("floor: {e}"))?;
+            let f = FloorServer::start(
+                workload.clone(),
+                "127.0.0.1:0".parse().unwrap(),
+                &mut servers,
+            )
+            .await
+            .map_err(|e| format!("floor: {e}"))?;
             let addr = f.addr;
             (Upstream::Floor(f), addr, None)
         }
         Target::Direct => {
             let (cp, addr, stop) =
-                start_control_plane(&workload, "127.0.0.1:0".parse().unwrap(), &mut servers).await?;
-            (Upstream::Cp { cp, stop: Some(stop) }, addr, None)
+                start_control_plane(&workload, "127.0.0.1:0".parse().unwrap(), &mut servers)
+                    .await?;
+            (
+                Upstream::Cp {
+                    cp,
+                    stop: Some(stop),
+                },
+                addr,
+                None,
+            )
         }
         Target::Relay => {
             let (cp, cp_addr, stop) =
                 start_control_plane(&workload, args.upstream_listen, &mut servers).await?;
-            let up = Upstream::Cp { cp, stop: Some(stop) };
+            let up = Upstream::Cp {
+                cp,
+                stop: Some(stop),
+            };
             match args.relay_addr {
                 Some(a) => (up, a, args.relay_pid),
                 None => {
-                    let bin = args.relay_bin.clone().unwrap_or_else(crate::relay_proc::default_bin);
+                    let bin = args
+                        .relay_bin
+                        .clone()
+                        .unwrap_or_else(crate::relay_proc::default_bin);
                     let log = args.relay_log.clone().unwrap_or_else(|| {
                         std::env::temp_dir()
                             .join(format!("loadgen-relay-{}.log", std::process::id()))
                     });
-                    let r = RelayProcess::start(&bin, cp_addr, &args.unsubscribe_linger, log, timeout)
-                        .await?;
+                    let r =
+                        RelayProcess::start(&bin, cp_addr, &args.unsubscribe_linger, log, timeout)
+                            .await?;
                     progress.line(format!(
                         "relay: {} pid {} on {} (upstream {cp_addr}), log {}",
                         bin.display(),
@@ -300,7 +319,9 @@ pub async fn run(
         progress.line(format!(
             "{}: only {synced} of {n} clients synced within {timeout:?}; last error: {}",
             target.name(),
-            crate::sync::lock(&ctx.last_error).clone().unwrap_or_default()
+            crate::sync::lock(&ctx.last_error)
+                .clone()
+                .unwrap_or_default()
         ));
     }
     let connected = sample(pid);
@@ -320,7 +341,10 @@ pub async fn run(
     let mut results: Vec<UpdateResult> = Vec::new();
     let mut all = new_histogram();
     let mut fanout = new_histogram();
-    let mut ubar = progress.bar(u64::from(args.updates), &format!("{} updates", target.name()));
+    let mut ubar = progress.bar(
+        u64::from(args.updates),
+        &format!("{} updates", target.name()),
+    );
     for g in 1..=args.updates {
         let began = Instant::now();
         let changed = workload.pick(args.update_pattern, &mut rng);
@@ -337,7 +361,10 @@ pub async fn run(
         }
         let expected = spec.expected_count;
         let timed_out = measure::wait_update(&spec, timeout, |done| {
-            ubar.set(u64::from(g - 1), format!("update {g}: {done}/{expected} clients"))
+            ubar.set(
+                u64::from(g - 1),
+                format!("update {g}: {done}/{expected} clients"),
+            )
         })
         .await;
         let res = UpdateResult::from_spec(&spec, timed_out);

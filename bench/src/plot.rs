@@ -127,7 +127,13 @@ pub fn svg(r: &RunReport) -> String {
         .collect();
     if !pts.is_empty() {
         let lo = pts.iter().cloned().fold(f64::MAX, f64::min).log10().floor();
-        let hi = pts.iter().cloned().fold(0.0, f64::max).log10().ceil().max(lo + 1.0);
+        let hi = pts
+            .iter()
+            .cloned()
+            .fold(0.0, f64::max)
+            .log10()
+            .ceil()
+            .max(lo + 1.0);
         let xp = |v: f64| p.x0 + (v.max(1e-9).log10() - lo) / (hi - lo) * p.w;
         let yp = |f: f64| p.y0 + p.h - f * p.h;
         let mut d = lo;
@@ -138,6 +144,13 @@ pub fn svg(r: &RunReport) -> String {
         for f in [0.0, 0.25, 0.5, 0.75, 0.9, 1.0] {
             p.ytick(&mut s, yp(f), &format!("{f}"));
         }
+        let _ = write!(
+            s,
+            r##"<rect x="{}" y="{}" width="270" height="{}" fill="white" fill-opacity="0.85" stroke="#ccc"/>"##,
+            p.x0 + 4.0,
+            p.y0 + p.h - 82.0,
+            18.0 * r.phases.len() as f64 + 8.0
+        );
         for (i, ph) in r.phases.iter().enumerate() {
             if ph.cdf.is_empty() {
                 continue;
@@ -176,7 +189,12 @@ pub fn svg(r: &RunReport) -> String {
         w: 440.0,
         h: 320.0,
     };
-    q.frame(&mut s, "Relay RSS versus clients", "synced clients", "RSS (MiB)");
+    q.frame(
+        &mut s,
+        "Relay RSS versus clients",
+        "synced clients",
+        "RSS (MiB)",
+    );
     let ms = r
         .phases
         .iter()

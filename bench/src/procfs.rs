@@ -66,7 +66,9 @@ pub fn raise_nofile() -> u64 {
             }
         }
     }
-    lim.rlim_cur as u64
+    #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every target
+    let soft = lim.rlim_cur as u64;
+    soft
 }
 
 /// Sends SIGTERM (or SIGKILL) to a process this program started.

@@ -156,7 +156,17 @@ pub fn summary(r: &RunReport) -> String {
     let _ = writeln!(
         s,
         "{:<7} {:>7} {:>9} {:>8} {:>8} {:>8} {:>11} {:>11} {:>10} {:>7} {:>7}",
-        "target", "synced", "sync p99", "p50 ms", "p99 ms", "max ms", "fanout p50", "fanout max", "deliv/s", "missed", "errors"
+        "target",
+        "synced",
+        "sync p99",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "fanout p50",
+        "fanout max",
+        "deliv/s",
+        "missed",
+        "errors"
     );
     for p in &r.phases {
         let _ = writeln!(

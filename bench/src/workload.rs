@@ -27,9 +27,7 @@ impl Kind {
         match self {
             Kind::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
             Kind::Listener => "type.googleapis.com/envoy.config.listener.v3.Listener",
-            Kind::Endpoints => {
-                "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
-            }
+            Kind::Endpoints => "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
         }
     }
 

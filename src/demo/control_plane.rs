@@ -43,6 +43,9 @@ pub struct ControlPlane {
     streams: DashMap<StreamId, Arc<Mailbox>>,
     next_stream: AtomicU64,
     stats: Mutex<Stats>,
+    /// Test hook: resources served to streams whose `node.cluster` is the key instead of the
+    /// common set (a control plane that tailors config per node).
+    tailored: DashMap<String, Arc<Store>>,
 }
 
 impl ControlPlane {
@@ -52,6 +55,7 @@ impl ControlPlane {
             streams: DashMap::new(),
             next_stream: AtomicU64::new(1),
             stats: Mutex::new(Stats::default()),
+            tailored: DashMap::new(),
         })
     }
 
@@ -72,6 +76,26 @@ impl ControlPlane {
                 mailbox.post_all(t);
             }
         }
+    }
+
+    /// Test hook: serve `resources` to streams of node cluster `cluster` (set before they open),
+    /// and push the change to open ones.
+    pub fn set_resources_for(&self, cluster: &str, resources: Vec<(String, CachedResource)>) {
+        let new = Arc::new(Store::complete(resources));
+        let types: Vec<String> = new.type_urls().map(String::from).collect();
+        self.tailored.insert(cluster.to_string(), new);
+        for mailbox in self.streams.iter() {
+            for t in &types {
+                mailbox.post_all(t);
+            }
+        }
+    }
+
+    /// Test hook: replaces the resources without telling open streams, as a control plane that
+    /// loses a push would. Only a new stream (or a request on an open one) sees the change.
+    pub fn set_resources_silently(&self, resources: Vec<(String, CachedResource)>) {
+        self.snapshot
+            .send_replace(Arc::new(Store::complete(resources)));
     }
 
     /// Ends every open stream with UNAVAILABLE, as a control plane that goes down would.
@@ -99,18 +123,27 @@ impl ControlPlane {
 }
 
 impl StreamHost for ControlPlane {
-    type Session = ();
+    /// The node cluster, when the stream is served tailored resources.
+    type Session = Option<String>;
 
-    fn open(&self, id: StreamId, node: &Node, mailbox: Arc<Mailbox>) -> Result<(), Status> {
+    fn open(
+        &self,
+        id: StreamId,
+        node: &Node,
+        mailbox: Arc<Mailbox>,
+    ) -> Result<Option<String>, Status> {
         self.streams.insert(id, mailbox);
         let mut stats = lock(&self.stats);
         stats.streams_opened += 1;
         stats.active_streams += 1;
         stats.nodes.push((node.id.clone(), node.cluster.clone()));
-        Ok(())
+        Ok(self
+            .tailored
+            .contains_key(&node.cluster)
+            .then(|| node.cluster.clone()))
     }
 
-    fn on_request<R: XdsRequest + prost::Message>(&self, _: &(), req: &R) {
+    fn on_request<R: XdsRequest + prost::Message>(&self, _: &Option<String>, req: &R) {
         let mut stats = lock(&self.stats);
         stats.requests += 1;
         // Only Delta requests (the relay's upstream protocol) are broken down by name.
@@ -147,15 +180,19 @@ impl StreamHost for ControlPlane {
         }
     }
 
-    fn on_effects(&self, _: &(), _: StreamId, _: &RequestEffects) -> u64 {
-        self.snapshot.borrow().seq()
+    fn on_effects(&self, s: &Option<String>, _: StreamId, _: &RequestEffects) -> u64 {
+        self.with_store(s, |store| store.seq())
     }
 
-    fn with_store<R>(&self, _: &(), f: impl FnOnce(&Store) -> R) -> R {
+    fn with_store<R>(&self, s: &Option<String>, f: impl FnOnce(&Store) -> R) -> R {
+        if let Some(store) = s.as_ref().and_then(|c| self.tailored.get(c)) {
+            let store = store.clone();
+            return f(&store);
+        }
         f(&self.snapshot.borrow())
     }
 
-    fn close(&self, _: (), id: StreamId, _: Vec<(String, Locator)>) {
+    fn close(&self, _: Option<String>, id: StreamId, _: Vec<(String, Locator)>) {
         self.streams.remove(&id);
         lock(&self.stats).active_streams -= 1;
     }

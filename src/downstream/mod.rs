@@ -1,6 +1,7 @@
 //! Downstream adapters: one task per client stream driving the protocol core, and the bounded
 //! change mailboxes that feed them.
 
+pub mod limits;
 pub mod mailbox;
 pub mod services;
 pub mod stream;

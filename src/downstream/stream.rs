@@ -13,6 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 use tracing::{debug, info, warn, Instrument};
 
+use super::limits::{self, Refusal, RequestShape, StreamLimits, TokenBucket};
 use super::mailbox::Mailbox;
 use crate::metrics::Rejection;
 use crate::pb::core::Node;
@@ -51,6 +52,10 @@ pub trait StreamHost: Send + Sync + 'static {
     /// The stream ended; `held` is every subscription it still had.
     fn close(&self, session: Self::Session, id: StreamId, held: Vec<(String, Locator)>);
     fn next_stream_id(&self) -> StreamId;
+    /// The limits every stream of this host enforces (default: none).
+    fn limits(&self) -> StreamLimits {
+        StreamLimits::default()
+    }
     /// The name of the session's group, for introspection.
     fn group_name(&self, _session: &Self::Session) -> String {
         String::new()
@@ -153,7 +158,7 @@ pub fn serve<H, C>(
 where
     H: StreamHost,
     C: StreamCore + Send + 'static,
-    C::Request: XdsRequest + prost::Message + Default + Send + 'static,
+    C::Request: XdsRequest + RequestShape + prost::Message + Default + Send + 'static,
     C::Response: XdsResponse + prost::Message + Send + 'static,
 {
     // One response in flight per stream: the rest stays as pending state in the state machine, so
@@ -171,17 +176,26 @@ async fn drive<H, C>(
 ) where
     H: StreamHost,
     C: StreamCore + Send + 'static,
-    C::Request: XdsRequest + prost::Message + Default + Send + 'static,
+    C::Request: XdsRequest + RequestShape + prost::Message + Default + Send + 'static,
     C::Response: XdsResponse + prost::Message + Send + 'static,
 {
     let first = match inbound.message().await {
         Ok(Some(first)) => first,
         Ok(None) => return,
         Err(status) => {
-            debug!(%status, "stream failed before its first request");
+            if let Some(refusal) = limits::classify_read_error(&status) {
+                refuse(&*host, &tx, refusal).await;
+            } else {
+                debug!(%status, "stream failed before its first request");
+            }
             return;
         }
     };
+    let stream_limits = host.limits();
+    if let Err(refusal) = limits::check_request(&first, &stream_limits) {
+        refuse(&*host, &tx, refusal).await;
+        return;
+    }
     let Some(node) = first.node().cloned() else {
         host.observe(StreamEvent::Rejected(Rejection::MissingNode));
         debug!("rejecting a stream whose first request has no node");
@@ -223,28 +237,57 @@ async fn drive<H, C>(
     host.observe(StreamEvent::Opened(&client));
     // Per type, the earliest upstream receipt among changes not yet written (fan-out latency).
     let mut received: HashMap<String, Instant> = HashMap::new();
-    let outcome: Result<(), Status> = async {
+    let mut guard = Guard {
+        bucket: TokenBucket::new(&stream_limits, Instant::now()),
+        limits: stream_limits,
+        subscriptions: 0,
+        unapplied: None,
+    };
+    let stuck_timeout = guard.limits.stuck_timeout;
+    let outcome: Result<(), Refusal> = async {
         info!("stream opened");
-        handle(&*host, &session, &client, &core, first, fixed_type)?;
+        handle(
+            &*host, &session, &client, &core, first, fixed_type, &mut guard,
+        )?;
         let mut dirty = true;
+        // Since when a response is due but the transport has not taken the previous one.
+        let mut blocked_since: Option<tokio::time::Instant> = None;
         loop {
+            if dirty && blocked_since.is_none() {
+                blocked_since = Some(tokio::time::Instant::now());
+            }
+            let stuck_at = blocked_since
+                .filter(|_| dirty && !stuck_timeout.is_zero())
+                .map(|t| t + stuck_timeout);
             tokio::select! {
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => {
-                        handle(&*host, &session, &client, &core, req, fixed_type)?;
+                        handle(&*host, &session, &client, &core, req, fixed_type, &mut guard)?;
                         dirty = true;
                     }
                     Ok(None) => return Ok(()),
                     Err(status) => {
+                        if let Some(refusal) = limits::classify_read_error(&status) {
+                            return Err(refusal);
+                        }
                         debug!(%status, "stream ended by the client");
                         return Ok(());
                     }
                 },
+                () = sleep_until_opt(stuck_at), if stuck_at.is_some() => {
+                    return Err(Refusal::new(
+                        Rejection::StuckClient,
+                        Status::unavailable(format!(
+                            "client has not read its responses for {stuck_timeout:?}; disconnecting"
+                        )),
+                    ));
+                }
                 () = mailbox.notified() => {
                     dirty |= mailbox.drain_into(&mut *lock(&core), &mut received)?;
                 }
                 permit = tx.reserve(), if dirty => {
                     let Ok(permit) = permit else { return Ok(()) };
+                    blocked_since = None;
                     let (next, refetch) = {
                         let mut core = lock(&core);
                         mailbox.drain_into(&mut *core, &mut received)?;
@@ -279,16 +322,51 @@ async fn drive<H, C>(
     }
     .instrument(span.clone())
     .await;
-    if let Err(status) = outcome {
-        if status.code() == tonic::Code::InvalidArgument {
-            host.observe(StreamEvent::Rejected(Rejection::InvalidRequest));
-        }
-        span.in_scope(|| warn!(%status, "ending stream"));
-        let _ = tx.send(Err(status)).await;
+    if let Err(refusal) = outcome {
+        refuse(&*host, &tx, refusal).instrument(span.clone()).await;
     }
     span.in_scope(|| info!("stream closed"));
-    let held = lock(&core).subscriptions();
+    let mut held = lock(&core).subscriptions();
+    if let Some(e) = guard.unapplied {
+        // The core took in a request the group never saw (it was refused): release exactly what
+        // the group holds for this stream.
+        let acquired: std::collections::HashSet<&Locator> = e.acquire.iter().collect();
+        held.retain(|(t, l)| !(t == &e.type_url && acquired.contains(l)));
+        held.extend(e.release.iter().map(|l| (e.type_url.clone(), l.clone())));
+    }
     host.close(session, id, held);
+}
+
+/// Per-stream limit state.
+struct Guard {
+    limits: StreamLimits,
+    bucket: Option<TokenBucket>,
+    /// Subscriptions the group holds for this stream (acquired minus released).
+    subscriptions: usize,
+    /// Effects of a refused request the core applied but the group did not.
+    unapplied: Option<RequestEffects>,
+}
+
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Ends a stream with the refusal's status (counted when it is the client's fault). The send is
+/// bounded in time: a stuck client may never make room for it.
+async fn refuse<H: StreamHost, T>(
+    host: &H,
+    tx: &mpsc::Sender<Result<T, Status>>,
+    refusal: Refusal,
+) {
+    if let Some(reason) = refusal.reason {
+        host.observe(StreamEvent::Rejected(reason));
+    }
+    let status = refusal.status;
+    warn!(code = ?status.code(), message = %status.message(), "ending stream");
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), tx.send(Err(status))).await;
 }
 
 fn handle<H, C>(
@@ -298,26 +376,40 @@ fn handle<H, C>(
     core: &Mutex<C>,
     mut req: C::Request,
     fixed_type: Option<&'static str>,
-) -> Result<(), Status>
+    guard: &mut Guard,
+) -> Result<(), Refusal>
 where
     H: StreamHost,
     C: StreamCore,
-    C::Request: XdsRequest + prost::Message,
+    C::Request: XdsRequest + RequestShape + prost::Message,
 {
+    if let Some(bucket) = &mut guard.bucket {
+        if !bucket.take(Instant::now()) {
+            return Err(limits::rate_limited(&guard.limits));
+        }
+    }
+    limits::check_request(&req, &guard.limits)?;
+    let invalid = |status| Refusal::new(Rejection::InvalidRequest, status);
     if let Some(t) = fixed_type {
         let type_url = req.type_url_mut();
         if type_url.is_empty() {
             *type_url = t.to_string();
         } else if type_url != t {
-            return Err(Status::invalid_argument(format!(
+            return Err(invalid(Status::invalid_argument(format!(
                 "this service serves {t}; request has type_url {type_url}"
-            )));
+            ))));
         }
     }
     host.on_request(session, &req);
     let effects = lock(core)
         .on_request(&req)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        .map_err(|e| invalid(Status::invalid_argument(e.to_string())))?;
+    let total = (guard.subscriptions + effects.acquire.len()).saturating_sub(effects.release.len());
+    if total > guard.limits.max_subscriptions {
+        guard.unapplied = Some(effects);
+        return Err(limits::too_many_subscriptions(total, &guard.limits));
+    }
+    guard.subscriptions = total;
     match &effects.ack {
         AckStatus::Nack { nonce, message } => {
             client.answered(&effects.type_url, true);

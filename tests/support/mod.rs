@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod faults;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -242,6 +243,15 @@ impl DeltaClient {
         match tokio::time::timeout(TIMEOUT, self.rx.message()).await {
             Ok(Ok(Some(r))) => r,
             other => panic!("expected a response, got {other:?}"),
+        }
+    }
+
+    /// The next response, or the stream's terminal status; fails the test after [`TIMEOUT`].
+    pub async fn try_recv(&mut self) -> Result<DeltaDiscoveryResponse, tonic::Status> {
+        match tokio::time::timeout(TIMEOUT, self.rx.message()).await {
+            Ok(Ok(Some(r))) => Ok(r),
+            Ok(Err(status)) => Err(status),
+            other => panic!("expected a response or a status, got {other:?}"),
         }
     }
 

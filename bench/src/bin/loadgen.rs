@@ -20,11 +20,7 @@ use adsrelay_bench::{plot, procfs};
 /// in-process targets (direct, floor), plus some slack.
 fn files_needed(args: &Args) -> u64 {
     let conns = u64::from(args.connections());
-    let per_conn = if args.compare {
-        2
-    } else {
-        1
-    };
+    let per_conn = if args.compare { 2 } else { 1 };
     conns * per_conn + 256
 }
 
@@ -52,7 +48,8 @@ async fn main() -> ExitCode {
     if need > limit {
         let k = args.streams_per_connection;
         let per_conn = need.saturating_sub(256) / u64::from(args.connections()).max(1);
-        let suggest = (u64::from(args.clients) * per_conn).div_ceil(limit.saturating_sub(256).max(1));
+        let suggest =
+            (u64::from(args.clients) * per_conn).div_ceil(limit.saturating_sub(256).max(1));
         eprintln!(
             "loadgen: {} clients on {} connections (--streams-per-connection {k}) need about {need} open files \
              in this process{}, but the limit is {limit}.\n\
