@@ -104,6 +104,8 @@ fn readiness(relay: &Relay) -> Readiness {
         .all(|g| g.upstream.synced_once || g.upstream_subscriptions == 0);
     let any_down = groups.iter().any(|g| !g.upstream.connected);
     let (ready, state) = match (reached && all_synced, any_down) {
+        // Shutting down: take the relay out of load balancing while clients move away.
+        _ if relay.drain.is_draining() => (false, "draining"),
         (false, _) => (false, "never_synced"),
         (true, false) => (true, "synced"),
         (true, true) => (true, "serving_cached"),

@@ -85,6 +85,9 @@ pub struct RelayArgs {
     /// [default: 60s]
     #[arg(long, value_name = "DURATION")]
     pub stuck_client_timeout: Option<String>,
+    /// On SIGTERM, close client connections gradually over this period, then exit [default: 10s]
+    #[arg(long, value_name = "DURATION")]
+    pub drain_period: Option<String>,
     /// TOML config file; flags override its values
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -133,6 +136,7 @@ struct FileConfig {
     max_requests_per_second: Option<u32>,
     request_burst: Option<u32>,
     stuck_client_timeout: Option<String>,
+    drain_period: Option<String>,
     // Groups and resilience (issue 5); see `apply_groups_and_resilience`.
     upstreams: Option<Vec<String>>,
     groups: Option<Vec<crate::grouping::GroupRule>>,
@@ -213,6 +217,8 @@ pub struct Limits {
     pub request_burst: u32,
     /// Zero disables stuck-client detection.
     pub stuck_client_timeout: Duration,
+    /// Graceful shutdown spreads connection closes over this period.
+    pub drain_period: Duration,
 }
 
 impl Default for Limits {
@@ -225,6 +231,7 @@ impl Default for Limits {
             max_requests_per_second: 100,
             request_burst: 1000,
             stuck_client_timeout: Duration::from_secs(60),
+            drain_period: Duration::from_secs(10),
         }
     }
 }
@@ -474,6 +481,10 @@ impl RelayArgs {
             ) {
                 l.stuck_client_timeout = parse_duration(&s.value)
                     .map_err(|m| invalid(&s.origin, "stuck_client_timeout", m))?;
+            }
+            if let Some(s) = pick(self.drain_period, "drain-period", file.drain_period, &path) {
+                l.drain_period =
+                    parse_duration(&s.value).map_err(|m| invalid(&s.origin, "drain_period", m))?;
             }
         }
         if cfg.backoff_initial.is_zero() || cfg.backoff_max < cfg.backoff_initial {

@@ -21,6 +21,7 @@ pub mod config;
 pub mod csds;
 pub mod demo;
 pub mod downstream;
+pub mod drain;
 pub mod grouping;
 pub mod metrics;
 pub mod pb;
@@ -65,28 +66,53 @@ pub async fn run(
     let counted = relay.clone();
     // Past max_connections a new connection is closed at once (and counted).
     let max_connections = relay.config.limits.max_connections;
-    let incoming = tokio_stream::StreamExt::filter_map(TcpListenerStream::new(xds), move |conn| {
-        let open = counted
-            .metrics
-            .connections
-            .load(std::sync::atomic::Ordering::Relaxed);
-        match conn {
-            Ok(_) if open >= max_connections as i64 => {
-                counted.metrics.connection_rejected();
-                tracing::warn!(
-                    max_connections,
-                    "connection refused: max_connections reached"
-                );
-                None
+    let incoming =
+        tokio_stream::StreamExt::filter_map(TcpListenerStream::new(xds), move |conn| {
+            let open = counted
+                .metrics
+                .connections
+                .load(std::sync::atomic::Ordering::Relaxed);
+            match conn {
+                // Draining: new connections go to other replicas.
+                Ok(_) if counted.drain.is_draining() => None,
+                Ok(_) if open >= max_connections as i64 => {
+                    counted.metrics.connection_rejected();
+                    tracing::warn!(
+                        max_connections,
+                        "connection refused: max_connections reached"
+                    );
+                    None
+                }
+                conn => Some(conn.map(|io| {
+                    metrics::CountedIo::new(io, &counted.metrics, counted.drain.register())
+                })),
             }
-            conn => Some(conn.map(|io| metrics::CountedIo::new(io, &counted.metrics))),
-        }
-    });
-    let result =
+        });
+    // On shutdown: drain (not ready, refuse new work, close connections gradually), then stop
+    // the server; whatever is still open after a further 5 s is abandoned.
+    let (served_tx, served_rx) = tokio::sync::oneshot::channel::<()>();
+    let drain = relay.drain.clone();
+    let period = relay.config.limits.drain_period;
+    let drained = async move {
+        shutdown.await;
+        drain.run(period).await;
+        let _ = served_tx.send(());
+    };
+    let serve =
         downstream::services::add_all(&mut server, relay.clone(), relay.config.max_message_bytes)
             .add_service(csds::Csds::server(relay.clone()))
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await;
+            .serve_with_incoming_shutdown(incoming, drained);
+    tokio::pin!(serve);
+    let result = tokio::select! {
+        r = &mut serve => r,
+        _ = async {
+            let _ = served_rx.await;
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        } => {
+            tracing::warn!("shutdown deadline passed with connections still open; exiting");
+            Ok(())
+        }
+    };
     let _ = stop_tx.send(true);
     result
 }

@@ -584,15 +584,22 @@ impl Metrics {
 pub struct CountedIo {
     inner: tokio::net::TcpStream,
     open: Arc<AtomicI64>,
+    /// Lets a graceful shutdown close this connection (reads end as if the client closed it).
+    drain: crate::drain::Registration,
 }
 
 impl CountedIo {
-    pub fn new(inner: tokio::net::TcpStream, metrics: &Metrics) -> Self {
+    pub fn new(
+        inner: tokio::net::TcpStream,
+        metrics: &Metrics,
+        drain: crate::drain::Registration,
+    ) -> Self {
         metrics.connection_accepted();
         metrics.connections.fetch_add(1, Ordering::Relaxed);
         CountedIo {
             inner,
             open: metrics.connections.clone(),
+            drain,
         }
     }
 }
@@ -616,6 +623,10 @@ impl tokio::io::AsyncRead for CountedIo {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
+        if self.drain.handle.poll_closed(cx).is_ready() {
+            // End of stream: the HTTP/2 server drops the connection and the client reconnects.
+            return std::task::Poll::Ready(Ok(()));
+        }
         std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }

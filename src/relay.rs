@@ -101,6 +101,8 @@ pub struct Relay {
     pub upstream_reached: Arc<AtomicBool>,
     shutdown: watch::Receiver<bool>,
     pub metrics: Metrics,
+    /// Graceful shutdown: open connections and whether the relay is draining.
+    pub drain: Arc<crate::drain::Drain>,
     /// Every open downstream stream, for the admin API and CSDS.
     clients: DashMap<StreamId, Arc<ClientEntry>>,
     grouping: Grouping,
@@ -131,6 +133,7 @@ impl Relay {
             upstream_reached: Arc::new(AtomicBool::new(false)),
             shutdown,
             metrics: Metrics::new(),
+            drain: Arc::default(),
             clients: DashMap::new(),
         })
     }
@@ -289,6 +292,11 @@ impl StreamHost for Relay {
     type Session = Arc<Group>;
 
     fn open(&self, id: StreamId, node: &Node, mailbox: Arc<Mailbox>) -> Result<Arc<Group>, Status> {
+        if self.drain.is_draining() {
+            return Err(Status::unavailable(
+                "adsrelay is shutting down; reconnect to another replica",
+            ));
+        }
         if let Some(a) = &self.admission {
             if !lock(a).admit(Instant::now()) {
                 self.metrics.stream_rejected(Rejection::Admission);

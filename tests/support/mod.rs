@@ -107,6 +107,7 @@ impl RelayUnderTest {
         config.unsubscribe_linger = Duration::from_secs(30);
         config.backoff_initial = Duration::from_millis(50);
         config.backoff_max = Duration::from_millis(500);
+        config.limits.drain_period = Duration::from_millis(200);
         adjust(&mut config);
         let relay = RelayUnderTest {
             xds: xds.local_addr().unwrap(),
@@ -126,6 +127,15 @@ impl RelayUnderTest {
     /// GET on the admin port; returns (status, body).
     pub async fn admin_get(&self, path: &str) -> (u16, String) {
         http_get(self.admin, path).await
+    }
+}
+
+impl RelayUnderTest {
+    /// Starts a graceful shutdown, as SIGTERM does.
+    pub fn shutdown(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
     }
 }
 
@@ -260,6 +270,18 @@ impl DeltaClient {
         match tokio::time::timeout(TIMEOUT, self.rx.message()).await {
             Ok(Err(status)) => status,
             other => panic!("expected an error status, got {other:?}"),
+        }
+    }
+
+    /// Waits until the stream ends (an error status or end of stream), failing after `limit`.
+    pub async fn wait_closed(&mut self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            match tokio::time::timeout_at(deadline, self.rx.message()).await {
+                Ok(Ok(Some(_))) => continue,
+                Ok(Ok(None)) | Ok(Err(_)) => return,
+                Err(_) => panic!("stream still open after {limit:?}"),
+            }
         }
     }
 
