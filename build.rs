@@ -96,7 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .route_name(route)
             .input_type(input)
             .output_type(output)
-            .codec_path("tonic_prost::ProstCodec")
+            .codec_path("crate::codec::XdsCodec")
             .client_streaming()
             .server_streaming()
             .build()

@@ -17,6 +17,7 @@
 pub mod admin;
 pub mod admission;
 pub mod backoff;
+pub mod codec;
 pub mod config;
 pub mod csds;
 pub mod demo;

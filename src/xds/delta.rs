@@ -172,11 +172,19 @@ pub(crate) fn type_rank(type_url: &str) -> u8 {
     }
 }
 
+/// A Delta response stops taking resources past this size; the rest follow in further responses.
+/// Every stream's gRPC encode buffer grows to its largest response and keeps that capacity for
+/// the stream's life, so a 1 MiB initial state to 10,000 clients would otherwise pin ~10 GB.
+/// Splitting is free in Delta: each response is applied and ACKed on its own.
+pub const RESPONSE_BUDGET_BYTES: usize = 32 * 1024;
+
 /// One response under construction: deduplicated so no name (or variant) appears twice and none
 /// is both added and removed (A20).
 #[derive(Default)]
 struct Builder {
     resources: Vec<Bytes>,
+    /// Encoded size of `resources`, to cut responses at [`RESPONSE_BUDGET_BYTES`].
+    bytes: usize,
     added: HashSet<(Name, ConstraintKey, bool)>,
     removed: BTreeSet<String>,
     removed_variants: Vec<ResourceName>,
@@ -191,7 +199,9 @@ impl Builder {
             r.key.clone()
         };
         if self.added.insert((r.name.clone(), key, by_name)) {
-            self.resources.push(r.delta_bytes(by_name).clone());
+            let b = r.delta_bytes(by_name).clone();
+            self.bytes += b.len();
+            self.resources.push(b);
         }
     }
 
@@ -422,7 +432,14 @@ impl DeltaStream {
         }
 
         let mut out = Builder::default();
-        for name in candidates {
+        let mut candidates = candidates.into_iter();
+        while let Some(name) = candidates.next() {
+            if out.bytes >= RESPONSE_BUDGET_BYTES {
+                // The rest goes in the next response, built when the client can take it.
+                ts.pending.insert(name);
+                ts.pending.extend(candidates);
+                break;
+            }
             if &*name == WILDCARD {
                 continue;
             }
