@@ -170,3 +170,73 @@ fn cache_ingest_100(bencher: Bencher) {
         black_box(s.apply_delta(CDS, batch.clone(), vec![], true).unwrap())
     });
 }
+
+/// Update fan-out in the core with 10,000 subscribers across 100 parameter sets: the upstream
+/// replaces every variant of one name, and every subscriber gets its own variant (selection plus
+/// response building, as each stream task does after a change). Divide by 10,000 for per-client.
+#[divan::bench(sample_count = 10)]
+fn variant_fanout_10k_subscribers_100_param_sets(bencher: Bencher) {
+    use adsrelay::pb::discovery::ResourceLocator;
+    let variant = |i: usize, version: u64| -> Bytes {
+        Resource {
+            resource_name: Some(ResourceName {
+                name: "foo".into(),
+                dynamic_parameter_constraints: Some(env_is(&format!("e{i}"))),
+            }),
+            version: version.to_string(),
+            resource: Some(prost_types::Any {
+                type_url: CDS.into(),
+                value: vec![1; 1024],
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+        .into()
+    };
+    let mut store = Store::new();
+    store
+        .apply_delta(
+            CDS,
+            (0..100).map(|i| variant(i, 1)).collect(),
+            vec![],
+            false,
+        )
+        .unwrap();
+    let mut clients: Vec<DeltaStream> = (0..10_000)
+        .map(|c| {
+            let mut s = DeltaStream::new();
+            s.on_request(&DeltaDiscoveryRequest {
+                type_url: CDS.into(),
+                resource_locators_subscribe: vec![ResourceLocator {
+                    name: "foo".into(),
+                    dynamic_parameters: [("env".to_string(), format!("e{}", c % 100))].into(),
+                }],
+                ..Default::default()
+            })
+            .unwrap();
+            while s.next_response(&store).is_some() {}
+            s
+        })
+        .collect();
+    let mut version = 1u64;
+    bencher.bench_local(|| {
+        version += 1;
+        let changes = store
+            .apply_delta(
+                CDS,
+                (0..100).map(|i| variant(i, version)).collect(),
+                vec![],
+                false,
+            )
+            .unwrap();
+        let mut sent = 0;
+        for c in clients.iter_mut() {
+            c.on_change(&changes);
+            while let Some(r) = c.next_response(&store) {
+                sent += r.resources.len();
+            }
+        }
+        assert_eq!(sent, 10_000);
+        black_box(sent)
+    });
+}
