@@ -15,7 +15,6 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
-pub mod admission;
 pub mod backoff;
 pub mod codec;
 pub mod config;
@@ -28,6 +27,7 @@ pub mod metrics;
 pub mod pb;
 pub mod relay;
 pub mod sync;
+pub mod token_bucket;
 pub mod upstream;
 pub mod xds;
 

@@ -12,13 +12,13 @@ use tokio::sync::{watch, Notify};
 use tonic::Status;
 use tracing::{debug, info, warn};
 
-use crate::admission::Admission;
 use crate::config::Config;
 use crate::downstream::{ClientEntry, Mailbox, StreamEvent, StreamHost};
 use crate::grouping::{identity_digest, same_identity, Assignment, Grouping, IgnoredFields};
 use crate::metrics::{GroupScrape, Metrics, Rejection, ScrapeState};
 use crate::pb::core::Node;
 use crate::sync::lock;
+use crate::token_bucket::TokenBucket;
 use crate::xds::constraints::Params;
 use crate::xds::{
     ChangeSet, GroupState, Locator, Lookup, RequestEffects, Store, StreamId, WILDCARD,
@@ -107,7 +107,7 @@ pub struct Relay {
     clients: DashMap<StreamId, Arc<ClientEntry>>,
     grouping: Grouping,
     /// New-stream admission (None: unlimited).
-    admission: Option<Mutex<Admission>>,
+    admission: Option<Mutex<TokenBucket>>,
 }
 
 impl Relay {
@@ -118,7 +118,7 @@ impl Relay {
             config.node_id.clone(),
             config.grouping.unmatched,
         );
-        let admission = Admission::new(
+        let admission = TokenBucket::new(
             config.resilience.max_new_streams_per_second,
             config.resilience.new_streams_burst,
             Instant::now(),
@@ -298,7 +298,7 @@ impl StreamHost for Relay {
             ));
         }
         if let Some(a) = &self.admission {
-            if !lock(a).admit(Instant::now()) {
+            if !lock(a).take(Instant::now()) {
                 self.metrics.stream_rejected(Rejection::Admission);
                 let r = &self.config.resilience;
                 return Err(Status::unavailable(format!(

@@ -232,43 +232,15 @@ pub fn classify_read_error(status: &Status) -> Option<Refusal> {
     }
 }
 
-/// A request-rate token bucket: `rate` tokens per second, at most `burst` held. A client stuck in
-/// a NACK loop (or any request flood) runs out and is refused instead of costing relay CPU.
-#[derive(Debug)]
-pub struct TokenBucket {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    last: Instant,
-}
+pub use crate::token_bucket::TokenBucket;
 
-impl TokenBucket {
-    /// `None` when the limit is disabled (`rate == 0`).
-    pub fn new(limits: &StreamLimits, now: Instant) -> Option<Self> {
-        if limits.requests_per_second == 0 {
-            return None;
-        }
-        let burst = f64::from(limits.request_burst.max(1));
-        Some(TokenBucket {
-            rate: f64::from(limits.requests_per_second),
-            burst,
-            tokens: burst,
-            last: now,
-        })
-    }
-
-    /// Takes one token; false if none is left.
-    pub fn take(&mut self, now: Instant) -> bool {
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now;
-        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
+/// The request-rate bucket for one stream; `None` when the limit is disabled.
+pub fn request_bucket(limits: &StreamLimits, now: Instant) -> Option<TokenBucket> {
+    TokenBucket::new(
+        f64::from(limits.requests_per_second),
+        limits.request_burst,
+        now,
+    )
 }
 
 /// The refusal for a stream over its request rate.
@@ -299,14 +271,21 @@ mod tests {
     #[test]
     fn bucket_allows_burst_then_rate() {
         let t0 = Instant::now();
-        let mut b = TokenBucket::new(&limits(), t0).unwrap();
+        let mut b = request_bucket(&limits(), t0).unwrap();
         for _ in 0..5 {
             assert!(b.take(t0));
         }
         assert!(!b.take(t0));
         assert!(b.take(t0 + Duration::from_millis(100)));
         assert!(!b.take(t0 + Duration::from_millis(100)));
-        assert!(TokenBucket::new(&StreamLimits::default(), t0).is_none());
+        assert!(request_bucket(
+            &StreamLimits {
+                requests_per_second: 0,
+                ..StreamLimits::default()
+            },
+            t0
+        )
+        .is_none());
     }
 
     #[test]

@@ -238,7 +238,7 @@ async fn drive<H, C>(
     // Per type, the earliest upstream receipt among changes not yet written (fan-out latency).
     let mut received: HashMap<String, Instant> = HashMap::new();
     let mut guard = Guard {
-        bucket: TokenBucket::new(&stream_limits, Instant::now()),
+        bucket: limits::request_bucket(&stream_limits, Instant::now()),
         limits: stream_limits,
         subscriptions: 0,
         unapplied: None,
