@@ -29,10 +29,19 @@ async fn sigterm_spreads_disconnects_over_the_drain_period() {
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("draining"), "{body}");
 
+    // Watch every client at once, so each records when its own connection was closed.
+    let watchers: Vec<_> = clients
+        .into_iter()
+        .map(|mut c| {
+            tokio::spawn(async move {
+                c.wait_closed(Duration::from_secs(10)).await;
+                start.elapsed()
+            })
+        })
+        .collect();
     let mut ended = Vec::new();
-    for c in clients.iter_mut() {
-        c.wait_closed(Duration::from_secs(10)).await;
-        ended.push(start.elapsed());
+    for w in watchers {
+        ended.push(w.await.unwrap());
     }
     ended.sort();
     let (first, last) = (ended[0], ended[ended.len() - 1]);

@@ -68,6 +68,11 @@ pub struct Args {
     /// Keep the clients connected this long after the updates (steady state, churn).
     #[arg(long, default_value_t = 0)]
     pub hold_secs: u64,
+    /// After the updates (and --hold-secs): every client drops its stream and reconnects at once
+    /// (Delta: with initial_resource_versions); reports the time until all are synced again and
+    /// the upstream requests seen meanwhile (relay and direct only).
+    #[arg(long)]
+    pub storm: bool,
     /// Also run the same clients straight against the control plane, and against the raw floor.
     #[arg(long)]
     pub compare: bool,

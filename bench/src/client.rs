@@ -1,8 +1,8 @@
 //! A simulated client: what it holds (versions per resource), when it counts as synced and as
 //! having received an update, and the Delta ADS session that drives it like an Envoy does.
 //!
-//! The xDS variant is chosen by [`Protocol`]; a State-of-the-World session can be added as another
-//! variant next to [`run_delta`], reusing [`ClientState`].
+//! The xDS variant is chosen by [`Protocol`]: [`run_delta`] (incremental) or [`run_sotw`]
+//! (State of the World), both over [`ClientState`].
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -16,7 +16,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 use adsrelay::pb::core::Node;
-use adsrelay::pb::discovery::DeltaDiscoveryRequest;
+use adsrelay::pb::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use adsrelay::pb::discovery::{DeltaDiscoveryRequest, DiscoveryRequest};
 
 use crate::measure::RunCtx;
 use crate::workload::{parse_index, parse_version, version_string, Kind};
@@ -56,6 +57,8 @@ pub struct LiteResource {
 pub enum Protocol {
     /// Incremental (Delta) ADS: `DeltaAggregatedResources`.
     Delta,
+    /// State-of-the-world ADS: `StreamAggregatedResources`.
+    Sotw,
 }
 
 /// Commands the churn driver sends a client.
@@ -65,6 +68,8 @@ pub enum Ctrl {
     Swap,
     /// Close the stream and open a new one on the same connection (with initial versions).
     Reconnect,
+    /// Reconnect storm: like `Reconnect`, and report when the new stream holds everything again.
+    Storm,
 }
 
 /// What one client holds.
@@ -125,6 +130,33 @@ impl ClientState {
         r.resources.len()
     }
 
+    /// Records a State-of-the-World response of `kind` carrying `held` (index, version): Clusters
+    /// and Listeners are the full state (anything not listed is gone), ClusterLoadAssignments merge.
+    pub fn apply_sotw(&mut self, kind: Kind, held: &[(u32, u32)]) {
+        if kind != Kind::Endpoints {
+            let mut next = vec![ABSENT; self.wild[kind as usize].len()];
+            for &(i, v) in held {
+                if let Some(slot) = next.get_mut(i as usize) {
+                    *slot = v;
+                }
+            }
+            let k = kind as usize;
+            self.present[k] = next.iter().filter(|&&v| v != ABSENT).count();
+            self.wild[k] = next;
+        } else {
+            for &(i, v) in held {
+                self.set(kind, i, v);
+            }
+        }
+    }
+
+    /// Holds every Cluster, every Listener and each subscribed ClusterLoadAssignment.
+    pub fn complete(&self) -> bool {
+        self.present[0] == self.wild[0].len()
+            && self.present[1] == self.wild[1].len()
+            && self.eds.iter().all(|e| e.1 != ABSENT)
+    }
+
     fn set(&mut self, kind: Kind, i: u32, v: u32) {
         match kind {
             Kind::Cluster | Kind::Listener => {
@@ -164,11 +196,7 @@ impl ClientState {
     /// After a response or a subscription change: reports the first full sync and completion of
     /// the update in flight.
     pub fn check(&mut self, ctx: &RunCtx) {
-        if !self.synced
-            && self.present[0] == self.wild[0].len()
-            && self.present[1] == self.wild[1].len()
-            && self.eds.iter().all(|e| e.1 != ABSENT)
-        {
+        if !self.synced && self.complete() {
             self.synced = true;
             ctx.mark_synced(self.id, self.started);
         }
@@ -233,6 +261,7 @@ pub async fn run_client(
 ) {
     match protocol {
         Protocol::Delta => run_delta(ctx, id, channel, ctrl).await,
+        Protocol::Sotw => run_sotw(ctx, id, channel, ctrl).await,
     }
 }
 
@@ -279,6 +308,7 @@ fn ack(r: &LiteResponse) -> DeltaDiscoveryRequest {
 enum StreamEnd {
     Failed,
     Churned,
+    Storm,
     Stop,
 }
 
@@ -295,6 +325,7 @@ pub async fn run_delta(
         StdRng::seed_from_u64(ctx.workload.seed ^ u64::from(id).wrapping_mul(0x2545_f491));
     let mut failures = 0;
     let mut opened_before = false;
+    let mut storm_reopen = false;
     while failures < MAX_FAILURES {
         let (tx, rx) = mpsc::channel(16);
         for req in delta_opening(&state, node(&ctx, id)) {
@@ -331,6 +362,14 @@ pub async fn run_delta(
             ctx.connected.fetch_add(1, Ordering::Relaxed);
         }
         opened_before = true;
+        // After a storm reconnect the client announced everything it holds in
+        // initial_resource_versions; a server sends only what differs, so the client is synced
+        // again as soon as the stream is open and it holds its whole set.
+        let mut storm_pending = std::mem::take(&mut storm_reopen);
+        if storm_pending && state.complete() {
+            ctx.mark_resynced();
+            storm_pending = false;
+        }
         let end = loop {
             tokio::select! {
                 m = stream.message() => match m {
@@ -340,6 +379,10 @@ pub async fn run_delta(
                         ctx.resources_received.fetch_add(n as u64, Ordering::Relaxed);
                         let _ = tx.send(ack(&r)).await;
                         state.check(&ctx);
+                        if storm_pending && state.complete() {
+                            ctx.mark_resynced();
+                            storm_pending = false;
+                        }
                     }
                     Ok(None) => {
                         ctx.error(format!("client {id}: stream ended by the server"));
@@ -367,6 +410,7 @@ pub async fn run_delta(
                         ctx.churn_events.fetch_add(1, Ordering::Relaxed);
                         break StreamEnd::Churned;
                     }
+                    Some(Ctrl::Storm) => break StreamEnd::Storm,
                     None => break StreamEnd::Stop,
                 },
             }
@@ -374,6 +418,157 @@ pub async fn run_delta(
         match end {
             StreamEnd::Stop => return,
             StreamEnd::Churned => {}
+            StreamEnd::Storm => storm_reopen = true,
+            StreamEnd::Failed => {
+                failures += 1;
+                tokio::time::sleep(Duration::from_millis(200 * u64::from(failures))).await;
+            }
+        }
+    }
+}
+
+/// (index, version) from a State-of-the-World resource: the `Any` carries no version, but the
+/// synthetic body starts with `<name>@<version>:` (see `workload::encode_resource`).
+fn sotw_entry(any: &prost_types::Any) -> Option<(u32, u32)> {
+    let v = &any.value;
+    let head = &v[..v.len().min(64)];
+    let colon = head.iter().position(|&b| b == b':')?;
+    let head = std::str::from_utf8(&head[..colon]).ok()?;
+    let (name, version) = head.split_once('@')?;
+    Some((parse_index(name)?, parse_version(version)?))
+}
+
+/// The SotW request for `kind`: Clusters and Listeners by wildcard (empty names), EDS by name.
+fn sotw_request(
+    state: &ClientState,
+    kind: Kind,
+    node: Option<Node>,
+    version_info: String,
+    response_nonce: String,
+) -> DiscoveryRequest {
+    DiscoveryRequest {
+        node,
+        type_url: kind.type_url().into(),
+        resource_names: match kind {
+            Kind::Endpoints => state
+                .eds_indices()
+                .into_iter()
+                .map(|i| kind.name(i))
+                .collect(),
+            _ => Vec::new(),
+        },
+        version_info,
+        response_nonce,
+        ..Default::default()
+    }
+}
+
+/// One State-of-the-World ADS client (`StreamAggregatedResources`, the generated client): wildcard
+/// Clusters and Listeners, named ClusterLoadAssignments; ACKs every response with its version_info
+/// and nonce; follows churn commands (a swap re-sends the EDS name list); reopens the stream after
+/// a failure (at most [`MAX_FAILURES`] times). SotW has no initial versions: a reopened stream
+/// starts with empty version_info and receives the full state again.
+pub async fn run_sotw(ctx: Arc<RunCtx>, id: u32, channel: Channel, mut ctrl: mpsc::Receiver<Ctrl>) {
+    let mut state = ClientState::new(id, &ctx);
+    let mut rng =
+        StdRng::seed_from_u64(ctx.workload.seed ^ u64::from(id).wrapping_mul(0x2545_f491));
+    let mut failures = 0;
+    let mut opened_before = false;
+    let mut storm_reopen = false;
+    while failures < MAX_FAILURES {
+        let (tx, rx) = mpsc::channel(16);
+        for (n, kind) in Kind::ALL.into_iter().enumerate() {
+            let node = (n == 0).then(|| node(&ctx, id));
+            let _ = tx.try_send(sotw_request(
+                &state,
+                kind,
+                node,
+                String::new(),
+                String::new(),
+            ));
+        }
+        let mut ads = AggregatedDiscoveryServiceClient::new(channel.clone())
+            .max_decoding_message_size(256 << 20)
+            .max_encoding_message_size(256 << 20);
+        let mut stream = match ads
+            .stream_aggregated_resources(ReceiverStream::new(rx))
+            .await
+        {
+            Ok(r) => r.into_inner(),
+            Err(status) => {
+                ctx.error(format!("client {id}: open stream: {status}"));
+                failures += 1;
+                tokio::time::sleep(Duration::from_millis(200 * u64::from(failures))).await;
+                continue;
+            }
+        };
+        if opened_before {
+            ctx.reconnects.fetch_add(1, Ordering::Relaxed);
+        } else {
+            ctx.connected.fetch_add(1, Ordering::Relaxed);
+        }
+        opened_before = true;
+        // After a storm: synced again once a response of every type arrived on the new stream and
+        // the client holds its whole set.
+        let mut storm_pending = std::mem::take(&mut storm_reopen);
+        let mut seen = [false; 3];
+        // Last accepted (version_info, nonce) of EDS, for re-sending the name list on a swap.
+        let mut eds_ack = (String::new(), String::new());
+        let end = loop {
+            tokio::select! {
+                m = stream.message() => match m {
+                    Ok(Some(r)) => {
+                        ctx.responses.fetch_add(1, Ordering::Relaxed);
+                        ctx.resources_received.fetch_add(r.resources.len() as u64, Ordering::Relaxed);
+                        let Some(kind) = Kind::from_type_url(&r.type_url) else { continue };
+                        let held: Vec<(u32, u32)> = r.resources.iter().filter_map(sotw_entry).collect();
+                        state.apply_sotw(kind, &held);
+                        seen[kind as usize] = true;
+                        if kind == Kind::Endpoints {
+                            eds_ack = (r.version_info.clone(), r.nonce.clone());
+                        }
+                        let _ = tx
+                            .send(sotw_request(&state, kind, None, r.version_info, r.nonce))
+                            .await;
+                        state.check(&ctx);
+                        if storm_pending && seen.iter().all(|&s| s) && state.complete() {
+                            ctx.mark_resynced();
+                            storm_pending = false;
+                        }
+                    }
+                    Ok(None) => {
+                        ctx.error(format!("client {id}: stream ended by the server"));
+                        break StreamEnd::Failed;
+                    }
+                    Err(status) => {
+                        ctx.error(format!("client {id}: {status}"));
+                        break StreamEnd::Failed;
+                    }
+                },
+                c = ctrl.recv() => match c {
+                    Some(Ctrl::Swap) => {
+                        if state.swap_eds(&ctx, &mut rng).is_some() {
+                            ctx.churn_events.fetch_add(1, Ordering::Relaxed);
+                            let (v, n) = eds_ack.clone();
+                            let _ = tx
+                                .send(sotw_request(&state, Kind::Endpoints, None, v, n))
+                                .await;
+                            state.check(&ctx);
+                        }
+                    }
+                    Some(Ctrl::Reconnect) => {
+                        ctx.churn_events.fetch_add(1, Ordering::Relaxed);
+                        break StreamEnd::Churned;
+                    }
+                    Some(Ctrl::Storm) => break StreamEnd::Storm,
+                    None => break StreamEnd::Stop,
+                },
+            }
+        };
+        match end {
+            StreamEnd::Stop => return,
+            StreamEnd::Churned => {}
+            StreamEnd::Storm => storm_reopen = true,
             StreamEnd::Failed => {
                 failures += 1;
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(failures))).await;

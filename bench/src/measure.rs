@@ -59,6 +59,12 @@ pub struct RunCtx {
     /// Microseconds from a client's task start to its first full sync.
     pub sync_us: Mutex<Histogram<u64>>,
     pub phase_start: Instant,
+    /// Reconnect storm: when every client was told to reconnect (None before the storm).
+    pub storm_start: Mutex<Option<Instant>>,
+    /// Clients synced again after the storm.
+    pub resynced: AtomicUsize,
+    /// Microseconds from the storm start to each client's resync.
+    pub resync_us: Mutex<Histogram<u64>>,
 }
 
 impl RunCtx {
@@ -81,6 +87,9 @@ impl RunCtx {
             last_error: Mutex::new(None),
             sync_us: Mutex::new(new_histogram()),
             phase_start: Instant::now(),
+            storm_start: Mutex::new(None),
+            resynced: AtomicUsize::new(0),
+            resync_us: Mutex::new(new_histogram()),
         })
     }
 
@@ -97,6 +106,16 @@ impl RunCtx {
             let us = since.elapsed().as_micros() as u64;
             let _ = crate::sync::lock(&self.sync_us).record(us.max(1));
         }
+    }
+
+    /// A client holds its whole set again on its post-storm stream.
+    pub fn mark_resynced(&self) {
+        let Some(start) = *crate::sync::lock(&self.storm_start) else {
+            return;
+        };
+        let us = start.elapsed().as_micros() as u64;
+        let _ = crate::sync::lock(&self.resync_us).record(us.max(1));
+        self.resynced.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn error(&self, what: String) {

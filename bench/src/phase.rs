@@ -22,7 +22,7 @@ use crate::measure::{self, cdf, new_histogram, Dist, RunCtx, UpdateResult};
 use crate::procfs::{self, ProcSample};
 use crate::progress::Progress;
 use crate::relay_proc::RelayProcess;
-use crate::report::{Milestone, PhaseReport, RelayFigures, UpstreamFigures};
+use crate::report::{Milestone, PhaseReport, RelayFigures, StormFigures, UpstreamFigures};
 use crate::workload::{build_resources, Versions, Workload};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +139,65 @@ async fn churn(txs: Vec<mpsc::Sender<Ctrl>>, per_sec: f64, kind: ChurnKind, seed
         let i = rng.random_range(0..txs.len());
         let _ = txs[i].try_send(cmd);
     }
+}
+
+/// Tells every client to drop its stream and reconnect at once; waits until those that were synced
+/// are synced again on their new stream (bounded by `timeout`), then 500 ms more for the upstream
+/// traffic the storm caused to settle, and reports both.
+async fn storm(
+    cp: &ControlPlane,
+    ctx: &RunCtx,
+    ctrl_txs: &[mpsc::Sender<Ctrl>],
+    timeout: Duration,
+    progress: &Progress,
+    target: &str,
+) -> StormFigures {
+    let clients = ctx.synced.load(Ordering::Acquire);
+    let before = cp.stats();
+    let start = Instant::now();
+    *crate::sync::lock(&ctx.storm_start) = Some(start);
+    for tx in ctrl_txs {
+        // Capacity 4 and churn has stopped: this does not block in practice.
+        let _ = tx.send(Ctrl::Storm).await;
+    }
+    let deadline = start + timeout;
+    let mut timed_out = false;
+    while ctx.resynced.load(Ordering::Acquire) < clients {
+        if Instant::now() >= deadline {
+            timed_out = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let hist = crate::sync::lock(&ctx.resync_us).clone();
+    let wall_ms = if timed_out {
+        start.elapsed().as_secs_f64() * 1000.0
+    } else {
+        hist.max() as f64 / 1000.0
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = cp.stats();
+    let f = StormFigures {
+        clients,
+        resynced: ctx.resynced.load(Ordering::Acquire),
+        timed_out,
+        wall_ms,
+        time_to_resync: Dist::from_us(&hist),
+        upstream_requests: after.requests - before.requests,
+        upstream_streams_opened: after.streams_opened - before.streams_opened,
+    };
+    progress.line(format!(
+        "{target} storm: {}/{} clients synced again in {:.1} ms (p50 {:.1} p99 {:.1}){}; upstream saw {} requests, {} new streams",
+        f.resynced,
+        f.clients,
+        f.wall_ms,
+        f.time_to_resync.p50_ms,
+        f.time_to_resync.p99_ms,
+        if timed_out { " TIMED OUT" } else { "" },
+        f.upstream_requests,
+        f.upstream_streams_opened
+    ));
+    f
 }
 
 fn sample(pid: Option<u32>) -> ProcSample {
@@ -404,6 +463,14 @@ pub async fn run(
         t.abort();
     }
 
+    // Reconnect storm: every synced client reopens its stream at once.
+    let storm = match (&upstream, args.storm) {
+        (Upstream::Cp { cp, .. }, true) => {
+            Some(storm(cp, &ctx, &ctrl_txs, timeout, progress, target.name()).await)
+        }
+        _ => None,
+    };
+
     // Figures.
     let deliveries: u64 = results.iter().map(|r| r.delivered_clients as u64).sum();
     let missed: u64 = results
@@ -467,6 +534,7 @@ pub async fn run(
         reconnects: ctx.reconnects.load(Ordering::Relaxed),
         churn_events: ctx.churn_events.load(Ordering::Relaxed),
         upstream: upstream_figs,
+        storm,
         relay,
         loadgen_cpu_s: procfs::sample_self().cpu_s - self_start.cpu_s,
         cdf: cdf(&all, 200),

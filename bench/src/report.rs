@@ -72,11 +72,30 @@ pub struct PhaseReport {
     pub reconnects: u64,
     pub churn_events: u64,
     pub upstream: Option<UpstreamFigures>,
+    /// `--storm`: the reconnect storm after the updates.
+    pub storm: Option<StormFigures>,
     pub relay: Option<RelayFigures>,
     /// CPU of the loadgen process itself during this phase (clients, and the in-process upstream).
     pub loadgen_cpu_s: f64,
     /// (latency ms, fraction) of the per-client latency distribution.
     pub cdf: Vec<(f64, f64)>,
+}
+
+/// The reconnect storm (`--storm`): every synced client reopened its stream at once.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StormFigures {
+    /// Clients told to reconnect (those synced before the storm).
+    pub clients: usize,
+    /// Of those, synced again on their new stream within --timeout-secs.
+    pub resynced: usize,
+    pub timed_out: bool,
+    /// From the storm start until the last client was synced again.
+    pub wall_ms: f64,
+    /// Per client: from the storm start to synced again.
+    pub time_to_resync: Dist,
+    /// What the control plane saw between the storm start and the resync (plus a 500 ms settle).
+    pub upstream_requests: u64,
+    pub upstream_streams_opened: u64,
 }
 
 /// Relay figure divided by another target's.

@@ -71,26 +71,48 @@ impl RequestEffects {
     }
 }
 
-/// The variant and version a client holds for one subscription.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Held {
-    pub version: String,
-    pub key: ConstraintKey,
-    /// The variant's constraints, to name it in `removed_resource_names`.
-    pub constraints: Option<crate::pb::discovery::DynamicParameterConstraints>,
+/// What a client holds for one subscription. Kept small (16 bytes): a stream holds one per
+/// resource, and a relay holds thousands of streams.
+#[derive(Debug, Clone)]
+pub enum Held {
+    /// A variant the relay sent; it names the version, the variant key and its constraints.
+    /// Sharing the cached resource costs nothing extra; an outdated one stays alive only until
+    /// this client receives the new version.
+    Sent(Arc<CachedResource>),
+    /// A version the client reported in `initial_resource_versions` (plain name, no variant).
+    Reported(Arc<str>),
 }
 
+static UNCONSTRAINED: ConstraintKey = ConstraintKey::UNCONSTRAINED;
+
 impl Held {
-    fn of(r: &CachedResource) -> Self {
-        Held {
-            version: r.version.clone(),
-            key: r.key.clone(),
-            constraints: r.constraints.clone(),
+    pub fn version(&self) -> &str {
+        match self {
+            Held::Sent(r) => &r.version,
+            Held::Reported(v) => v,
         }
     }
 
-    fn is(&self, r: &CachedResource) -> bool {
-        self.version == r.version && self.key == r.key
+    pub fn key(&self) -> &ConstraintKey {
+        match self {
+            Held::Sent(r) => &r.key,
+            Held::Reported(_) => &UNCONSTRAINED,
+        }
+    }
+
+    /// The variant's constraints, to name it in `removed_resource_names`.
+    pub fn constraints(&self) -> Option<&crate::pb::discovery::DynamicParameterConstraints> {
+        match self {
+            Held::Sent(r) => r.constraints.as_ref(),
+            Held::Reported(_) => None,
+        }
+    }
+
+    fn is(&self, r: &Arc<CachedResource>) -> bool {
+        match self {
+            Held::Sent(h) => Arc::ptr_eq(h, r) || (h.version == r.version && h.key == r.key),
+            Held::Reported(v) => **v == *r.version && r.key.is_unconstrained(),
+        }
     }
 }
 
@@ -272,14 +294,7 @@ impl DeltaStream {
             for (name, version) in &req.initial_resource_versions {
                 let l = Locator::with_params(name.as_str(), defaults.clone());
                 ts.pending.insert(l.name.clone());
-                ts.known.insert(
-                    l,
-                    Held {
-                        version: version.clone(),
-                        key: ConstraintKey::default(),
-                        constraints: None,
-                    },
-                );
+                ts.known.insert(l, Held::Reported(version.as_str().into()));
             }
         }
         for (l, by_name) in subscribe {
@@ -548,13 +563,10 @@ impl DeltaStream {
     ) {
         let forced = ts.forced.contains(l);
         let remove = |ts: &mut TypeState, out: &mut Builder| {
-            match ts.known.remove(l) {
-                Some(Held {
-                    constraints: Some(c),
-                    ..
-                }) if !by_name => out.removed_variants.push(ResourceName {
+            match ts.known.remove(l).as_ref().and_then(Held::constraints) {
+                Some(c) if !by_name => out.removed_variants.push(ResourceName {
                     name: l.name.to_string(),
-                    dynamic_parameter_constraints: Some(c),
+                    dynamic_parameter_constraints: Some(c.clone()),
                 }),
                 _ => {
                     out.removed.insert(l.name.to_string());
@@ -579,12 +591,7 @@ impl DeltaStream {
                 }
                 if forced || !held.is_some_and(|h| h.is(r)) {
                     // E14: a locator subscriber switching variants is told the old one is gone.
-                    if let Some(Held {
-                        key,
-                        constraints: Some(c),
-                        ..
-                    }) = held
-                    {
+                    if let Some((key, Some(c))) = held.map(|h| (h.key(), h.constraints())) {
                         if !by_name && *key != r.key {
                             out.removed_variants.push(ResourceName {
                                 name: l.name.to_string(),
@@ -593,7 +600,7 @@ impl DeltaStream {
                         }
                     }
                     out.add(r, by_name);
-                    ts.known.insert(l.clone(), Held::of(r));
+                    ts.known.insert(l.clone(), Held::Sent(r.clone()));
                 }
                 ts.forced.remove(l);
             }
@@ -613,8 +620,8 @@ impl DeltaStream {
                 // E11/E14: the variant the client holds was removed upstream and none other
                 // matches yet; the subscription itself stays and waits (E8).
                 let held_variant_gone = ts.known.get(l).is_some_and(|h| {
-                    h.constraints.is_some()
-                        && store.has_variant(type_url, &l.name, &h.key) == Some(false)
+                    h.constraints().is_some()
+                        && store.has_variant(type_url, &l.name, h.key()) == Some(false)
                 });
                 if held_variant_gone
                     || (via_wildcard && synced && (forced || ts.known.contains_key(l)))
@@ -654,7 +661,7 @@ impl DeltaStream {
         self.types
             .get(type_url)
             .and_then(|t| t.known.get(&l))
-            .map(|h| h.version.as_str())
+            .map(Held::version)
     }
 
     /// Every (type_url, locator, held) the client holds, for client status reporting.
@@ -681,7 +688,7 @@ impl DeltaStream {
                     let mut v: Vec<(Name, String)> = ts
                         .known
                         .iter()
-                        .map(|(l, h)| (l.name.clone(), h.version.clone()))
+                        .map(|(l, h)| (l.name.clone(), h.version().to_string()))
                         .collect();
                     v.sort();
                     v
