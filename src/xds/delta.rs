@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::constraints::{params_of, ConstraintKey, Params};
+use super::constraints::{ConstraintKey, Params};
 use super::interest::WILDCARD;
 use super::resource::{CachedResource, Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
@@ -259,27 +259,19 @@ impl DeltaStream {
         }
         let defaults = self.default_params.clone();
         // (locator, by name)
-        let subscribe: Vec<(Locator, bool)> = req
-            .resource_names_subscribe
-            .iter()
-            .map(|n| (Locator::with_params(n.as_str(), defaults.clone()), true))
-            .chain(req.resource_locators_subscribe.iter().map(|l| {
-                (
-                    Locator::with_params(l.name.as_str(), Arc::new(params_of(l))),
-                    false,
-                )
-            }))
-            .collect();
-        let unsubscribe: Vec<Locator> = req
-            .resource_names_unsubscribe
-            .iter()
-            .map(|n| Locator::with_params(n.as_str(), defaults.clone()))
-            .chain(
-                req.resource_locators_unsubscribe
-                    .iter()
-                    .map(|l| Locator::with_params(l.name.as_str(), Arc::new(params_of(l)))),
-            )
-            .collect();
+        let subscribe = Locator::from_request(
+            &req.resource_names_subscribe,
+            &req.resource_locators_subscribe,
+            &defaults,
+        );
+        let unsubscribe: Vec<Locator> = Locator::from_request(
+            &req.resource_names_unsubscribe,
+            &req.resource_locators_unsubscribe,
+            &defaults,
+        )
+        .into_iter()
+        .map(|(l, _)| l)
+        .collect();
 
         let mut effects = RequestEffects::new(&req.type_url);
         let first = !self.types.contains_key(&req.type_url);

@@ -57,6 +57,24 @@ impl Locator {
     pub fn is_plain(&self) -> bool {
         self.params.is_empty()
     }
+
+    /// The subscriptions of one request list: plain names (with the stream's default parameters,
+    /// `true`: answered by name) followed by `ResourceLocator`s (`false`: answered with
+    /// `resource_name`).
+    pub fn from_request(
+        names: &[String],
+        locators: &[crate::pb::discovery::ResourceLocator],
+        defaults: &Arc<Params>,
+    ) -> Vec<(Locator, bool)> {
+        names
+            .iter()
+            .map(|n| (Locator::with_params(n.as_str(), defaults.clone()), true))
+            .chain(locators.iter().map(|l| {
+                let params = Arc::new(constraints::params_of(l));
+                (Locator::with_params(l.name.as_str(), params), false)
+            }))
+            .collect()
+    }
 }
 
 /// One resource as received from the upstream. `encoded` is written to every subscriber verbatim.

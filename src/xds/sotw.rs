@@ -14,7 +14,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
-use super::constraints::{params_of, ConstraintKey, Params};
+use super::constraints::{ConstraintKey, Params};
 use super::delta::{AckStatus, ProtocolError, RequestEffects};
 use super::interest::WILDCARD;
 use super::resource::{Locator, Name};
@@ -100,17 +100,8 @@ impl SotwStream {
             return Err(ProtocolError::MissingTypeUrl);
         }
         let defaults = self.default_params.clone();
-        let requested: Vec<(Locator, bool)> = req
-            .resource_names
-            .iter()
-            .map(|n| (Locator::with_params(n.as_str(), defaults.clone()), true))
-            .chain(req.resource_locators.iter().map(|l| {
-                (
-                    Locator::with_params(l.name.as_str(), Arc::new(params_of(l))),
-                    false,
-                )
-            }))
-            .collect();
+        let requested =
+            Locator::from_request(&req.resource_names, &req.resource_locators, &defaults);
         let first = !self.types.contains_key(&req.type_url);
         let ts = self.types.entry(req.type_url.clone()).or_default();
         let mut effects = RequestEffects {
