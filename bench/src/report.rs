@@ -221,6 +221,21 @@ pub fn summary(r: &RunReport) -> String {
                 p.target, p.churn_events, p.reconnects
             );
         }
+        if let Some(st) = &p.storm {
+            let _ = writeln!(
+                s,
+                "{:<7} storm: {}/{} synced again in {:.1} ms (p50 {:.1} p99 {:.1}){}; upstream {} requests, {} streams opened",
+                p.target,
+                st.resynced,
+                st.clients,
+                st.wall_ms,
+                st.time_to_resync.p50_ms,
+                st.time_to_resync.p99_ms,
+                if st.timed_out { " TIMED OUT" } else { "" },
+                st.upstream_requests,
+                st.upstream_streams_opened
+            );
+        }
         if let Some(e) = &p.last_error {
             let _ = writeln!(s, "{:<7} last error: {e}", p.target);
         }
