@@ -495,3 +495,62 @@ fn d04_sotw_full_state_waits_for_a_fresh_do_not_cache_copy() {
         .expect("full state after the fresh copy");
     assert_eq!(r.resources.len(), 2);
 }
+
+#[test]
+fn b21_sotw_full_state_carries_resource_errors_beside_the_rest() {
+    use adsrelay::pb::discovery::{DiscoveryRequest, ResourceError};
+    use adsrelay::pb::rpc::Status;
+    use adsrelay::xds::{GroupState, SotwStream, UpstreamUpdate};
+    let now = std::time::Instant::now();
+    let mut group = GroupState::new(Duration::ZERO);
+    let mut s = SotwStream::for_node(&node("grpc", GROUP), Default::default());
+    let e = s
+        .on_request(&DiscoveryRequest {
+            type_url: CDS.into(),
+            resource_names: vec!["ok".into(), "denied".into()],
+            ..Default::default()
+        })
+        .unwrap();
+    group.apply_effects(1, &e, now);
+    let ok = Resource {
+        name: "ok".into(),
+        version: "1".into(),
+        resource: Some(prost_types::Any {
+            type_url: CDS.into(),
+            value: b"ok".to_vec(),
+        }),
+        ..Default::default()
+    };
+    let denied = ResourceError {
+        resource_name: Some(ResourceName {
+            name: "denied".into(),
+            dynamic_parameter_constraints: None,
+        }),
+        error_detail: Some(Status {
+            code: 7,
+            message: "denied".into(),
+            details: vec![],
+        }),
+    };
+    let changes = group
+        .apply_upstream(
+            CDS,
+            UpstreamUpdate {
+                resources: vec![ok.encode_to_vec().into()],
+                errors: vec![denied.clone()],
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    s.on_change(&changes);
+    // Not held back by the errored name (B2 would otherwise wait for it): the full state goes out
+    // with the error beside it, once.
+    let r = s.next_response(&group.store).expect("full state");
+    assert_eq!(r.resources.len(), 1);
+    assert_eq!(r.resource_errors, vec![denied]);
+    s.on_change(&changes);
+    assert!(
+        s.next_response(&group.store).is_none(),
+        "the error is not repeated"
+    );
+}

@@ -88,8 +88,8 @@ impl GroupState {
         true
     }
 
-    /// The streams that must look at a change set: subscribers of the changed names and every
-    /// wildcard subscriber of the type.
+    /// The streams that must look at a change set: subscribers of the changed (or heartbeat)
+    /// names and every wildcard subscriber of the type.
     pub fn affected(&self, changes: &ChangeSet) -> HashSet<StreamId> {
         let Some(by_name) = self.index.get(&changes.type_url) else {
             return HashSet::new();
@@ -97,6 +97,7 @@ impl GroupState {
         changes
             .names
             .iter()
+            .chain(&changes.heartbeats)
             .map(|n| &**n)
             .chain(std::iter::once(WILDCARD))
             .filter_map(|n| by_name.get(n))

@@ -41,6 +41,8 @@ pub fn is_full_state(type_url: &str) -> bool {
 
 #[derive(Debug, Default)]
 struct TypeState {
+    /// Names whose upstream error (TP3) was already reported; cleared when the resource arrives.
+    errors_sent: BTreeSet<Name>,
     wildcard: bool,
     /// Requested locators -> subscribed by plain name (true) or by `resource_locators` (false).
     subs: BTreeMap<Locator, bool>,
@@ -269,6 +271,20 @@ impl SotwStream {
                         .or(wildcard_since)
                         .unwrap_or(u64::MAX)
         };
+        // B21 (TP3): each subscribed name's upstream error is reported once, until it arrives.
+        let mut errors = Vec::new();
+        for l in ts.subs.keys() {
+            match store.error(type_url, &l.name) {
+                Some(e) if !ts.errors_sent.contains(&l.name) => {
+                    errors.push((l.name.clone(), e.clone()))
+                }
+                Some(_) => {}
+                None => {
+                    ts.errors_sent.remove(&l.name);
+                }
+            }
+        }
+        errors.dedup_by(|a, b| a.0 == b.0);
         let mut refetch = Vec::new();
         let mut out: Vec<Bytes> = Vec::new();
         // B20: one entry per name (by-name subscribers) or per variant (locator subscribers).
@@ -290,11 +306,13 @@ impl SotwStream {
         };
         if is_full_state(type_url) {
             // B2/D9: wait rather than omit something the client would take as deleted.
+            // A name the upstream reported an error for is known well enough: B21 sends the rest
+            // with the error beside it.
             let unknown = ts.subs.keys().any(|l| {
                 matches!(
                     store.lookup_for(type_url, &l.name, &l.params),
                     Lookup::Unknown
-                )
+                ) && store.error(type_url, &l.name).is_none()
             });
             if unknown || (ts.wildcard && !store.wildcard_synced(type_url)) {
                 return None;
@@ -321,7 +339,7 @@ impl SotwStream {
             let owed = ts.force || !ts.resend.is_empty();
             ts.dirty = false;
             ts.resend.clear();
-            if current == ts.sent && !owed {
+            if current == ts.sent && !owed && errors.is_empty() {
                 return None;
             }
             ts.sent = current;
@@ -352,10 +370,12 @@ impl SotwStream {
             ts.dirty = false;
             ts.force = false;
             self.refetch.extend(refetch);
-            if out.is_empty() {
-                return None;
-            }
         }
+        if !is_full_state(type_url) && out.is_empty() && errors.is_empty() {
+            return None;
+        }
+        ts.errors_sent.extend(errors.iter().map(|(n, _)| n.clone()));
+        let errors = errors.into_iter().map(|(_, e)| e).collect();
         ts.force = false;
         self.nonce_seq += 1;
         let nonce = self.nonce_seq.to_string();
@@ -365,6 +385,7 @@ impl SotwStream {
             resources: out,
             type_url: type_url.to_string(),
             nonce,
+            resource_errors: errors,
             ..Default::default()
         })
     }

@@ -5,6 +5,7 @@
 
 pub mod envoy;
 pub mod faults;
+pub mod scripted;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
