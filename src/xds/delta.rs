@@ -20,7 +20,7 @@ use bytes::Bytes;
 
 use super::constraints::{ConstraintKey, Params};
 use super::interest::WILDCARD;
-use super::resource::{CachedResource, Locator, Name};
+use super::resource::{CachedResource, Locator, Name, SubscriptionStamps};
 use super::store::{ChangeSet, Lookup, Store};
 use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceError, ResourceName};
 use crate::pb::wire;
@@ -130,9 +130,7 @@ struct TypeState {
     /// Subscriptions that must be sent even if the client holds the current version (A6, A7).
     forced: HashSet<Locator>,
     /// Store sequence at subscription time, for `do_not_cache` content (D2).
-    subscribed_at: HashMap<Locator, u64>,
-    /// Subscriptions made since the adapter last reported the store sequence.
-    unstamped: Vec<Locator>,
+    stamps: SubscriptionStamps,
     /// Names whose TTL the upstream refreshed: forward the heartbeat to holders of that version.
     heartbeats: BTreeSet<Name>,
     /// Resource errors already reported to the client (TP3: sent once).
@@ -297,7 +295,7 @@ impl DeltaStream {
             let params = ts.explicit.entry(l.name.clone()).or_default();
             if params.insert(l.params.clone(), by_name).is_none() {
                 effects.acquire.push(l.clone());
-                ts.unstamped.push(l.clone());
+                ts.stamps.added(l.clone());
             }
             ts.pending.insert(l.name.clone());
             // A7: resend even if the client has it — except on the first request of a stream,
@@ -333,7 +331,7 @@ impl DeltaStream {
                 ts.explicit.remove(&l.name);
             }
             effects.release.push(l.clone());
-            ts.subscribed_at.remove(&l);
+            ts.stamps.removed(&l);
             if ts.wildcard && l.params == defaults {
                 // A6: the client now holds it ambiguously; answer with the resource or a removal.
                 ts.pending.insert(l.name.clone());
@@ -376,9 +374,7 @@ impl DeltaStream {
     /// `seq`: `do_not_cache` content that arrived before then is not for these subscriptions.
     pub fn subscribed_at(&mut self, seq: u64) {
         for ts in self.types.values_mut() {
-            for l in ts.unstamped.drain(..) {
-                ts.subscribed_at.insert(l, seq);
-            }
+            ts.stamps.stamp(seq);
         }
     }
 
@@ -575,7 +571,7 @@ impl DeltaStream {
                 let held = ts.known.get(l);
                 if r.do_not_cache && !store.is_source() && !held.is_some_and(|h| h.is(r)) {
                     // D2: only for subscriptions that were waiting when it arrived.
-                    let since = ts.subscribed_at.get(l).copied().unwrap_or(u64::MAX);
+                    let since = ts.stamps.get(l).unwrap_or(u64::MAX);
                     if r.arrival <= since {
                         refetch.push((type_url.to_string(), l.clone()));
                         return;

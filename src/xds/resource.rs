@@ -23,6 +23,36 @@ pub struct Locator {
     pub params: Arc<Params>,
 }
 
+/// The store sequence at which each subscription of a stream was applied to its group, so
+/// `do_not_cache` content is served only to subscriptions that were waiting when it arrived (D2).
+#[derive(Debug, Default)]
+pub struct SubscriptionStamps {
+    at: std::collections::HashMap<Locator, u64>,
+    /// Subscriptions made since the adapter last reported the store sequence.
+    unstamped: Vec<Locator>,
+}
+
+impl SubscriptionStamps {
+    pub fn added(&mut self, l: Locator) {
+        self.unstamped.push(l);
+    }
+
+    pub fn removed(&mut self, l: &Locator) {
+        self.at.remove(l);
+    }
+
+    /// The group applied every subscription added so far when its store was at `seq`.
+    pub fn stamp(&mut self, seq: u64) {
+        for l in self.unstamped.drain(..) {
+            self.at.insert(l, seq);
+        }
+    }
+
+    pub fn get(&self, l: &Locator) -> Option<u64> {
+        self.at.get(l).copied()
+    }
+}
+
 /// `name`, or `name{k=v,...}` with parameters (logs, tests).
 impl std::fmt::Display for Locator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

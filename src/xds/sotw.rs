@@ -8,7 +8,7 @@
 //! (name, version) pairs the client holds after the response, so it changes exactly when the
 //! content it would receive changes, and is the same on every relay replica (D8).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use super::constraints::{ConstraintKey, Params};
 use super::delta::{AckStatus, ProtocolError, RequestEffects};
 use super::interest::WILDCARD;
-use super::resource::{Locator, Name};
+use super::resource::{Locator, Name, SubscriptionStamps};
 use super::store::{ChangeSet, Lookup, Store};
 use crate::pb::core::Node;
 use crate::pb::discovery::DiscoveryRequest;
@@ -57,8 +57,7 @@ struct TypeState {
     /// A response is owed even if nothing changed (first request B8, re-request B13).
     force: bool,
     /// Store sequence at subscription time, for `do_not_cache` content (D2, D4).
-    subscribed_at: HashMap<Locator, u64>,
-    unstamped: Vec<Locator>,
+    stamps: SubscriptionStamps,
     last_nonce: Option<String>,
     acked_nonce: Option<String>,
     last_nack: Option<(String, String)>,
@@ -154,7 +153,7 @@ impl SotwStream {
         };
         if wildcard && !ts.wildcard {
             effects.acquire.push(Locator::plain(WILDCARD));
-            ts.unstamped.push(Locator::plain(WILDCARD));
+            ts.stamps.added(Locator::plain(WILDCARD));
             ts.dirty = true;
         } else if !wildcard && ts.wildcard {
             effects.release.push(Locator::plain(WILDCARD));
@@ -162,13 +161,13 @@ impl SotwStream {
         }
         for added in subs.keys().filter(|l| !ts.subs.contains_key(*l)) {
             effects.acquire.push(added.clone());
-            ts.unstamped.push(added.clone());
+            ts.stamps.added(added.clone());
             // B4: newly requested names are sent even if sent before and unchanged.
             ts.resend.insert(added.clone());
         }
         for removed in ts.subs.keys().filter(|l| !subs.contains_key(*l)) {
             effects.release.push(removed.clone());
-            ts.subscribed_at.remove(removed);
+            ts.stamps.removed(removed);
             if !wildcard {
                 ts.sent.remove(removed);
             }
@@ -186,9 +185,7 @@ impl SotwStream {
     /// The adapter applied this stream's latest subscriptions when the store was at `seq`.
     pub fn subscribed_at(&mut self, seq: u64) {
         for ts in self.types.values_mut() {
-            for l in ts.unstamped.drain(..) {
-                ts.subscribed_at.insert(l, seq);
-            }
+            ts.stamps.stamp(seq);
         }
     }
 
@@ -258,18 +255,12 @@ impl SotwStream {
         }
         // D2/D4: `do_not_cache` content the client does not hold is only for subscriptions that
         // were waiting when it arrived; anything else must come from the upstream again.
-        let wildcard_since = ts.subscribed_at.get(&Locator::plain(WILDCARD)).copied();
+        let wildcard_since = ts.stamps.get(&Locator::plain(WILDCARD));
         let withheld = |ts: &TypeState, l: &Locator, r: &super::CachedResource| {
             r.do_not_cache
                 && !store.is_source()
                 && ts.sent.get(l) != Some(&(r.key.clone(), r.version.clone()))
-                && r.arrival
-                    <= ts
-                        .subscribed_at
-                        .get(l)
-                        .copied()
-                        .or(wildcard_since)
-                        .unwrap_or(u64::MAX)
+                && r.arrival <= ts.stamps.get(l).or(wildcard_since).unwrap_or(u64::MAX)
         };
         // B21 (TP3): each subscribed name's upstream error is reported once, until it arrives.
         let mut errors = Vec::new();
