@@ -186,3 +186,46 @@ async fn sotw_and_delta_envoys_of_one_group_share_one_upstream_stream() {
     ];
     converge_route_update(&s, &mut envoys).await;
 }
+
+/// Two tiers: Envoys (one Delta, one SotW) on an edge relay whose upstream is a regional relay in
+/// front of the control plane. They converge, route, and follow an update like Envoys of one
+/// relay; the control plane sees one stream and the regional relay one client stream (the edge's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tier_chain_with_envoys_at_the_bottom() {
+    let s = setup().await;
+    let edge = RelayUnderTest::start(s.relay.xds, Duration::from_secs(30)).await;
+    let mut envoys = vec![
+        Envoy::start(
+            "bootstrap-delta.yaml",
+            edge.xds.port(),
+            "edge-delta",
+            "demo",
+        ),
+        Envoy::start("bootstrap-sotw.yaml", edge.xds.port(), "edge-sotw", "demo"),
+    ];
+    converge_route_update(&s, &mut envoys).await;
+    let (_, regional) = s.relay.admin_get("/metrics").await;
+    assert_eq!(
+        (streams(&regional, "delta"), streams(&regional, "sotw")),
+        (1, 0),
+        "the regional relay serves one stream, the edge relay's:\n{regional}"
+    );
+    let (_, edge_metrics) = edge.admin_get("/metrics").await;
+    assert_eq!(
+        (
+            streams(&edge_metrics, "delta"),
+            streams(&edge_metrics, "sotw")
+        ),
+        (1, 1),
+        "the edge relay serves both Envoys:\n{edge_metrics}"
+    );
+}
+
+/// `adsrelay_downstream_streams{protocol=...}` from a /metrics page (0 when absent).
+fn streams(metrics: &str, protocol: &str) -> u64 {
+    let prefix = format!("adsrelay_downstream_streams{{protocol=\"{protocol}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |v| v.trim().parse().expect("gauge value"))
+}
