@@ -69,11 +69,16 @@ pub mod name {
     pub const DRIFT_REPAIRS: &str = "adsrelay_drift_repairs_total";
     pub const UPSTREAM_RESYNCS: &str = "adsrelay_upstream_resyncs_total";
     pub const UPSTREAM_FAILOVERS: &str = "adsrelay_upstream_failovers_total";
+    pub const RUNTIME_ALIVE_TASKS: &str = "adsrelay_runtime_alive_tasks";
 }
 
 /// (name, HELP text). README's "Metrics" table mirrors this list.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (name::BUILD_INFO, "Always 1; the version label is the relay's version."),
+    (
+        name::RUNTIME_ALIVE_TASKS,
+        "Tokio tasks alive in the relay (about one per client stream plus a few per group); a number that grows with no clients is a leak.",
+    ),
     (name::DOWNSTREAM_CONNECTIONS, "Open downstream (client) TCP connections on the xDS port."),
     (name::DOWNSTREAM_CONNECTIONS_ACCEPTED, "Downstream TCP connections accepted on the xDS port."),
     (name::DOWNSTREAM_STREAMS, "Open downstream xDS streams, by protocol (delta or sotw)."),
@@ -467,6 +472,10 @@ impl Metrics {
     /// format.
     pub fn render(&self, state: ScrapeState) -> String {
         let previous = std::mem::take(&mut *lock(&self.seen_gauges));
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let tasks = rt.metrics().num_alive_tasks();
+            self.gauge(name::RUNTIME_ALIVE_TASKS, vec![], tasks as f64);
+        }
         self.gauge(
             name::DOWNSTREAM_CONNECTIONS,
             vec![],

@@ -47,9 +47,13 @@ pub struct Args {
     /// ClusterLoadAssignments each client subscribes to by name.
     #[arg(long, default_value_t = 10)]
     pub eds_per_client: u32,
-    /// node.cluster of every client (the relay's group).
+    /// node.cluster of every client (the relay's group); with --groups N > 1, client i uses
+    /// `<group>-<i mod N>`.
     #[arg(long, default_value = "loadgen")]
     pub group: String,
+    /// Aggregation groups the clients are spread over (round robin by client index).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub groups: u32,
     /// Updates to push after all clients synced.
     #[arg(long, default_value_t = 10)]
     pub updates: u32,
@@ -73,6 +77,14 @@ pub struct Args {
     /// the upstream requests seen meanwhile (relay and direct only).
     #[arg(long)]
     pub storm: bool,
+    /// Soak (relay target): after everything else, this many extra short-lived clients each
+    /// connect, subscribe, sync and disconnect; reports the relay's RSS and live tasks before and
+    /// after (0 = no soak).
+    #[arg(long, default_value_t = 0)]
+    pub soak_cycles: u64,
+    /// Soak cycles running at once.
+    #[arg(long, default_value_t = 64)]
+    pub soak_concurrency: usize,
     /// Also run the same clients straight against the control plane, and against the raw floor.
     #[arg(long)]
     pub compare: bool,

@@ -268,7 +268,7 @@ pub async fn run_client(
 fn node(ctx: &RunCtx, id: u32) -> Node {
     Node {
         id: format!("loadgen-{id}"),
-        cluster: ctx.group.clone(),
+        cluster: ctx.group_of(id),
         ..Default::default()
     }
 }
@@ -575,4 +575,54 @@ pub async fn run_sotw(ctx: Arc<RunCtx>, id: u32, channel: Channel, mut ctrl: mps
             }
         }
     }
+}
+
+/// One soak cycle: a new connection, a Delta stream subscribing like client `id` (wildcard
+/// Clusters and Listeners, its EDS names), ACKs until it holds its whole set, then disconnect.
+/// Bounded by `timeout`; returns what went wrong.
+pub async fn soak_cycle(
+    addr: std::net::SocketAddr,
+    ctx: &RunCtx,
+    id: u32,
+    timeout: Duration,
+) -> Result<(), String> {
+    let session = async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let mut state = ClientState::new(id, ctx);
+        let (tx, rx) = mpsc::channel(16);
+        for req in delta_opening(&state, node(ctx, id)) {
+            let _ = tx.try_send(req);
+        }
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.map_err(|e| e.to_string())?;
+        let codec = tonic_prost::ProstCodec::<DeltaDiscoveryRequest, LiteResponse>::default();
+        let mut stream = grpc
+            .streaming(
+                tonic::Request::new(ReceiverStream::new(rx)),
+                http::uri::PathAndQuery::from_static(DELTA_PATH),
+                codec,
+            )
+            .await
+            .map_err(|s| format!("open stream: {s}"))?
+            .into_inner();
+        while !state.complete() {
+            match stream.message().await {
+                Ok(Some(r)) => {
+                    state.apply(&r);
+                    let _ = tx.send(ack(&r)).await;
+                }
+                Ok(None) => return Err("stream ended by the server before sync".to_string()),
+                Err(status) => return Err(status.to_string()),
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(timeout, session)
+        .await
+        .map_err(|_| format!("not synced within {timeout:?}"))?
 }

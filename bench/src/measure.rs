@@ -43,6 +43,8 @@ impl UpdateSpec {
 pub struct RunCtx {
     pub workload: Arc<Workload>,
     pub group: String,
+    /// Groups the clients are spread over (`--groups`).
+    pub groups: u32,
     pub current: RwLock<Option<Arc<UpdateSpec>>>,
     /// Per client: has it held its whole initial set once?
     pub synced_flags: Vec<AtomicBool>,
@@ -68,7 +70,7 @@ pub struct RunCtx {
 }
 
 impl RunCtx {
-    pub fn new(workload: Arc<Workload>, group: String, clients: u32) -> Arc<Self> {
+    pub fn new(workload: Arc<Workload>, group: String, groups: u32, clients: u32) -> Arc<Self> {
         Arc::new(RunCtx {
             synced_flags: (0..clients).map(|_| AtomicBool::new(false)).collect(),
             eds_subs: (0..clients)
@@ -76,6 +78,7 @@ impl RunCtx {
                 .collect(),
             workload,
             group,
+            groups: groups.max(1),
             current: RwLock::new(None),
             synced: AtomicUsize::new(0),
             connected: AtomicUsize::new(0),
@@ -91,6 +94,15 @@ impl RunCtx {
             resynced: AtomicUsize::new(0),
             resync_us: Mutex::new(new_histogram()),
         })
+    }
+
+    /// The node.cluster (the relay's aggregation group) of client `id`.
+    pub fn group_of(&self, id: u32) -> String {
+        if self.groups > 1 {
+            format!("{}-{}", self.group, id % self.groups)
+        } else {
+            self.group.clone()
+        }
     }
 
     pub fn current(&self) -> Option<Arc<UpdateSpec>> {

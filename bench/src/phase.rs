@@ -22,7 +22,9 @@ use crate::measure::{self, cdf, new_histogram, Dist, RunCtx, UpdateResult};
 use crate::procfs::{self, ProcSample};
 use crate::progress::Progress;
 use crate::relay_proc::RelayProcess;
-use crate::report::{Milestone, PhaseReport, RelayFigures, StormFigures, UpstreamFigures};
+use crate::report::{
+    IdleFigures, Milestone, PhaseReport, RelayFigures, SoakFigures, StormFigures, UpstreamFigures,
+};
 use crate::workload::{build_resources, Versions, Workload};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,9 +143,29 @@ async fn churn(txs: Vec<mpsc::Sender<Ctrl>>, per_sec: f64, kind: ChurnKind, seed
     }
 }
 
+/// The control plane's totals now.
+fn upstream_now(cp: &ControlPlane) -> UpstreamFigures {
+    let s = cp.stats();
+    UpstreamFigures {
+        streams_opened: s.streams_opened,
+        active_streams: s.active_streams,
+        requests: s.requests,
+    }
+}
+
+/// What the control plane saw between `from` and `to` (streams open: at `to`).
+fn upstream_delta(from: &UpstreamFigures, to: &UpstreamFigures) -> UpstreamFigures {
+    UpstreamFigures {
+        streams_opened: to.streams_opened - from.streams_opened,
+        active_streams: to.active_streams,
+        requests: to.requests - from.requests,
+    }
+}
+
 /// Tells every client to drop its stream and reconnect at once; waits until those that were synced
-/// are synced again on their new stream (bounded by `timeout`), then 500 ms more for the upstream
-/// traffic the storm caused to settle, and reports both.
+/// are synced again on their new stream (bounded by `timeout`), then 2 s more for the upstream
+/// traffic the storm caused to settle, and reports the control plane's view before, during and
+/// after.
 async fn storm(
     cp: &ControlPlane,
     ctx: &RunCtx,
@@ -153,7 +175,7 @@ async fn storm(
     target: &str,
 ) -> StormFigures {
     let clients = ctx.synced.load(Ordering::Acquire);
-    let before = cp.stats();
+    let before = upstream_now(cp);
     let start = Instant::now();
     *crate::sync::lock(&ctx.storm_start) = Some(start);
     for tx in ctrl_txs {
@@ -169,14 +191,15 @@ async fn storm(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let resynced_at = upstream_now(cp);
     let hist = crate::sync::lock(&ctx.resync_us).clone();
     let wall_ms = if timed_out {
         start.elapsed().as_secs_f64() * 1000.0
     } else {
         hist.max() as f64 / 1000.0
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = cp.stats();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = upstream_now(cp);
     let f = StormFigures {
         clients,
         resynced: ctx.resynced.load(Ordering::Acquire),
@@ -185,6 +208,9 @@ async fn storm(
         time_to_resync: Dist::from_us(&hist),
         upstream_requests: after.requests - before.requests,
         upstream_streams_opened: after.streams_opened - before.streams_opened,
+        upstream_during: upstream_delta(&before, &resynced_at),
+        upstream_after: upstream_delta(&resynced_at, &after),
+        upstream_before: before,
     };
     progress.line(format!(
         "{target} storm: {}/{} clients synced again in {:.1} ms (p50 {:.1} p99 {:.1}){}; upstream saw {} requests, {} new streams",
@@ -196,6 +222,138 @@ async fn storm(
         if timed_out { " TIMED OUT" } else { "" },
         f.upstream_requests,
         f.upstream_streams_opened
+    ));
+    f
+}
+
+/// `adsrelay_runtime_alive_tasks` and the open downstream streams from the relay's /metrics.
+async fn relay_tasks_and_streams(admin: SocketAddr) -> (Option<u64>, Option<u64>) {
+    let Ok(page) = crate::relay_proc::http_get(admin, "/metrics").await else {
+        return (None, None);
+    };
+    let value = |prefix: &str| -> Option<u64> {
+        let mut found = None;
+        for line in page.lines().filter(|l| l.starts_with(prefix)) {
+            let v: f64 = line.rsplit(' ').next()?.parse().ok()?;
+            *found.get_or_insert(0) += v as u64;
+        }
+        found
+    };
+    (
+        value("adsrelay_runtime_alive_tasks "),
+        value("adsrelay_downstream_streams{"),
+    )
+}
+
+/// Runs `cycles` soak cycles, `concurrency` at a time, as client ids 0.. (mod the client count).
+async fn soak_cycles(
+    addr: SocketAddr,
+    ctx: &Arc<RunCtx>,
+    cycles: u64,
+    concurrency: usize,
+    timeout: Duration,
+    bar: &mut crate::progress::Bar,
+) -> (u64, Option<String>) {
+    let clients = ctx.synced_flags.len() as u64;
+    let mut set = JoinSet::new();
+    let (mut next, mut done, mut failed, mut last_error) = (0u64, 0u64, 0u64, None);
+    while done < cycles {
+        while next < cycles && set.len() < concurrency.max(1) {
+            let ctx = ctx.clone();
+            let id = (next % clients.max(1)) as u32;
+            set.spawn(async move { client::soak_cycle(addr, &ctx, id, timeout).await });
+            next += 1;
+        }
+        match set.join_next().await {
+            Some(Ok(Ok(()))) => {}
+            Some(Ok(Err(e))) => {
+                failed += 1;
+                last_error = Some(e);
+            }
+            Some(Err(e)) => {
+                failed += 1;
+                last_error = Some(format!("soak task: {e}"));
+            }
+            None => break,
+        }
+        done += 1;
+        if done % 500 == 0 || done == cycles {
+            bar.set(done, format!("{failed} failed"));
+        }
+    }
+    (failed, last_error)
+}
+
+/// The soak: warm up, take the baseline, run the cycles, wait until the relay has noticed every
+/// disconnect, and compare.
+async fn soak(
+    args: &Args,
+    addr: SocketAddr,
+    ctx: &Arc<RunCtx>,
+    pid: Option<u32>,
+    admin: Option<SocketAddr>,
+    progress: &Progress,
+) -> SoakFigures {
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let warmup = (args.soak_cycles / 10).clamp(1, 1000);
+    let mut bar = progress.bar(warmup, "soak warm-up");
+    let _ = soak_cycles(addr, ctx, warmup, args.soak_concurrency, timeout, &mut bar).await;
+    bar.finish(format!("{warmup} warm-up cycles"));
+    let settle = |admin: Option<SocketAddr>| async move {
+        // Streams open now = the phase's long-lived clients; wait until the soak's are gone.
+        let want = ctx.connected.load(Ordering::Relaxed) as u64;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (tasks, streams) = match admin {
+                Some(a) => relay_tasks_and_streams(a).await,
+                None => (None, None),
+            };
+            if streams.is_none_or(|s| s <= want) || Instant::now() >= deadline {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let (tasks, streams) = match admin {
+                    Some(a) => relay_tasks_and_streams(a).await,
+                    None => (tasks, streams),
+                };
+                return (sample(pid), tasks, streams);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let (before, tasks_before, _) = settle(admin).await;
+    let start = Instant::now();
+    let mut bar = progress.bar(args.soak_cycles, "soak");
+    let (failed, last_error) = soak_cycles(
+        addr,
+        ctx,
+        args.soak_cycles,
+        args.soak_concurrency,
+        timeout,
+        &mut bar,
+    )
+    .await;
+    let wall_s = start.elapsed().as_secs_f64();
+    let (after, tasks_after, streams_after) = settle(admin).await;
+    let f = SoakFigures {
+        cycles: args.soak_cycles,
+        failed_cycles: failed,
+        last_error,
+        wall_s,
+        cycles_per_sec: args.soak_cycles as f64 / wall_s.max(1e-9),
+        warmup_cycles: warmup,
+        rss_before_kb: before.rss_kb,
+        rss_after_kb: after.rss_kb,
+        rss_change_percent: if before.rss_kb > 0 {
+            (after.rss_kb as f64 - before.rss_kb as f64) * 100.0 / before.rss_kb as f64
+        } else {
+            0.0
+        },
+        tasks_before,
+        tasks_after,
+        streams_after,
+    };
+    bar.finish(format!(
+        "{} cycles ({} failed) in {:.1} s; RSS {:+.1}%",
+        f.cycles, f.failed_cycles, f.wall_s, f.rss_change_percent
     ));
     f
 }
@@ -293,7 +451,7 @@ pub async fn run(
     let n = args.clients;
     let k = args.streams_per_connection;
     let conns = args.connections();
-    let ctx = RunCtx::new(workload.clone(), args.group.clone(), n);
+    let ctx = RunCtx::new(workload.clone(), args.group.clone(), args.groups, n);
     let sem = Arc::new(Semaphore::new(args.connect_concurrency.max(1)));
     let mut ctrl_txs = Vec::with_capacity(n as usize);
     let mut clients = JoinSet::new();
@@ -454,9 +612,20 @@ pub async fn run(
         Dist::from_us(&all).p99_ms,
         Dist::from_us(&all).max_ms
     ));
+    let mut idle = None;
     if args.hold_secs > 0 {
         progress.line(format!("{}: holding {} s", target.name(), args.hold_secs));
+        let (held_from, t0) = (sample(pid), Instant::now());
         tokio::time::sleep(Duration::from_secs(args.hold_secs)).await;
+        if churn_task.is_none() && pid.is_some() {
+            let secs = t0.elapsed().as_secs_f64();
+            let relay_cpu_s = sample(pid).cpu_s - held_from.cpu_s;
+            idle = Some(IdleFigures {
+                secs,
+                relay_cpu_s,
+                relay_cpu_percent: relay_cpu_s * 100.0 / secs,
+            });
+        }
     }
     let after = sample(pid);
     if let Some(t) = churn_task {
@@ -467,6 +636,14 @@ pub async fn run(
     let storm = match (&upstream, args.storm) {
         (Upstream::Cp { cp, .. }, true) => {
             Some(storm(cp, &ctx, &ctrl_txs, timeout, progress, target.name()).await)
+        }
+        _ => None,
+    };
+
+    let soak = match target {
+        Target::Relay if args.soak_cycles > 0 => {
+            let admin = relay_proc.as_ref().map(|r| r.admin);
+            Some(soak(args, addr, &ctx, pid, admin, progress).await)
         }
         _ => None,
     };
@@ -535,6 +712,8 @@ pub async fn run(
         churn_events: ctx.churn_events.load(Ordering::Relaxed),
         upstream: upstream_figs,
         storm,
+        idle,
+        soak,
         relay,
         loadgen_cpu_s: procfs::sample_self().cpu_s - self_start.cpu_s,
         cdf: cdf(&all, 200),

@@ -32,14 +32,20 @@ pub fn default_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("target/release/adsrelay"))
 }
 
-/// Minimal HTTP/1.1 GET; returns the status code.
-pub async fn http_status(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
+/// Minimal HTTP/1.1 GET; returns the whole response (status line, headers, body).
+pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await?;
-    Ok(String::from_utf8_lossy(&buf)
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// Minimal HTTP/1.1 GET; returns the status code.
+pub async fn http_status(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
+    Ok(http_get(addr, path)
+        .await?
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())

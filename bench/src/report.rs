@@ -39,7 +39,7 @@ pub struct RelayFigures {
     pub milestones: Vec<Milestone>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct UpstreamFigures {
     pub streams_opened: u64,
     pub active_streams: u64,
@@ -74,6 +74,10 @@ pub struct PhaseReport {
     pub upstream: Option<UpstreamFigures>,
     /// `--storm`: the reconnect storm after the updates.
     pub storm: Option<StormFigures>,
+    /// `--hold-secs` without churn.
+    pub idle: Option<IdleFigures>,
+    /// `--soak-cycles`.
+    pub soak: Option<SoakFigures>,
     pub relay: Option<RelayFigures>,
     /// CPU of the loadgen process itself during this phase (clients, and the in-process upstream).
     pub loadgen_cpu_s: f64,
@@ -93,9 +97,45 @@ pub struct StormFigures {
     pub wall_ms: f64,
     /// Per client: from the storm start to synced again.
     pub time_to_resync: Dist,
-    /// What the control plane saw between the storm start and the resync (plus a 500 ms settle).
+    /// What the control plane saw from the storm start until 2 s after the resync.
     pub upstream_requests: u64,
     pub upstream_streams_opened: u64,
+    /// Control plane totals when the storm began (streams opened, open, requests so far).
+    pub upstream_before: UpstreamFigures,
+    /// Opened / requested between the storm start and the last client's resync; open at its end.
+    pub upstream_during: UpstreamFigures,
+    /// Opened / requested in the 2 s after the resync; open at its end.
+    pub upstream_after: UpstreamFigures,
+}
+
+/// `--hold-secs` with no churn: the relay holding every client with nothing changing.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct IdleFigures {
+    pub secs: f64,
+    pub relay_cpu_s: f64,
+    /// Relay CPU time / wall time, percent of one core.
+    pub relay_cpu_percent: f64,
+}
+
+/// `--soak-cycles`: short-lived clients connecting, subscribing, syncing and disconnecting.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SoakFigures {
+    pub cycles: u64,
+    pub failed_cycles: u64,
+    pub last_error: Option<String>,
+    pub wall_s: f64,
+    pub cycles_per_sec: f64,
+    /// Warm-up cycles run before the baseline was taken (allocator and caches warm).
+    pub warmup_cycles: u64,
+    pub rss_before_kb: u64,
+    pub rss_after_kb: u64,
+    /// (after - before) / before, percent.
+    pub rss_change_percent: f64,
+    /// `adsrelay_runtime_alive_tasks` before and after (None if the relay's admin port is unknown).
+    pub tasks_before: Option<u64>,
+    pub tasks_after: Option<u64>,
+    /// Open downstream streams after the soak, once the relay noticed every disconnect.
+    pub streams_after: Option<u64>,
 }
 
 /// Relay figure divided by another target's.
@@ -234,6 +274,42 @@ pub fn summary(r: &RunReport) -> String {
                 if st.timed_out { " TIMED OUT" } else { "" },
                 st.upstream_requests,
                 st.upstream_streams_opened
+            );
+            for (when, u) in [
+                ("before", &st.upstream_before),
+                ("during", &st.upstream_during),
+                ("after", &st.upstream_after),
+            ] {
+                let _ = writeln!(
+                    s,
+                    "{:<7} storm upstream {when:<6}: {} streams open, {} opened, {} requests",
+                    p.target, u.active_streams, u.streams_opened, u.requests
+                );
+            }
+        }
+        if let Some(i) = &p.idle {
+            let _ = writeln!(
+                s,
+                "{:<7} idle: relay CPU {:.3} s over {:.0} s ({:.2}% of a core)",
+                p.target, i.relay_cpu_s, i.secs, i.relay_cpu_percent
+            );
+        }
+        if let Some(k) = &p.soak {
+            let opt = |v: Option<u64>| v.map_or("?".to_string(), |v| v.to_string());
+            let _ = writeln!(
+                s,
+                "{:<7} soak: {} cycles ({} failed) in {:.1} s ({:.0}/s); RSS {:.1} -> {:.1} MiB ({:+.1}%); tasks {} -> {}; streams after {}",
+                p.target,
+                k.cycles,
+                k.failed_cycles,
+                k.wall_s,
+                k.cycles_per_sec,
+                k.rss_before_kb as f64 / 1024.0,
+                k.rss_after_kb as f64 / 1024.0,
+                k.rss_change_percent,
+                opt(k.tasks_before),
+                opt(k.tasks_after),
+                opt(k.streams_after)
             );
         }
         if let Some(e) = &p.last_error {
