@@ -165,13 +165,19 @@ where
     // a slow reader never accumulates outdated responses.
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(drive::<H, C>(host, inbound, tx, fixed_type));
-    Box::pin(ReceiverStream::new(rx))
+    Box::pin(tokio_stream::StreamExt::map(ReceiverStream::new(rx), |r| {
+        *r
+    }))
 }
+
+/// The response channel's sender. Items are boxed: tokio allocates channel slots 32 at a time
+/// whatever the capacity, and 32 unboxed responses-or-statuses cost ~6 KiB per client.
+type Outbox<T> = mpsc::Sender<Box<Result<T, Status>>>;
 
 async fn drive<H, C>(
     host: Arc<H>,
     mut inbound: Streaming<C::Request>,
-    tx: mpsc::Sender<Result<C::Response, Status>>,
+    tx: Outbox<C::Response>,
     fixed_type: Option<&'static str>,
 ) where
     H: StreamHost,
@@ -200,9 +206,9 @@ async fn drive<H, C>(
         host.observe(StreamEvent::Rejected(Rejection::MissingNode));
         debug!("rejecting a stream whose first request has no node");
         let _ = tx
-            .send(Err(Status::invalid_argument(
+            .send(Box::new(Err(Status::invalid_argument(
                 "the first request on a stream must carry node",
-            )))
+            ))))
             .await;
         return;
     };
@@ -211,7 +217,7 @@ async fn drive<H, C>(
     let session = match host.open(id, &node, mailbox.clone()) {
         Ok(s) => s,
         Err(status) => {
-            let _ = tx.send(Err(status)).await;
+            let _ = tx.send(Box::new(Err(status))).await;
             return;
         }
     };
@@ -308,7 +314,7 @@ async fn drive<H, C>(
                                 bytes: resp.encoded_len(),
                                 received_at: received.remove(type_url),
                             });
-                            permit.send(Ok(resp));
+                            permit.send(Box::new(Ok(resp)));
                         }
                         None => {
                             // Nothing due: what was received produced nothing to write.
@@ -356,17 +362,17 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
 
 /// Ends a stream with the refusal's status (counted when it is the client's fault). The send is
 /// bounded in time: a stuck client may never make room for it.
-async fn refuse<H: StreamHost, T>(
-    host: &H,
-    tx: &mpsc::Sender<Result<T, Status>>,
-    refusal: Refusal,
-) {
+async fn refuse<H: StreamHost, T>(host: &H, tx: &Outbox<T>, refusal: Refusal) {
     if let Some(reason) = refusal.reason {
         host.observe(StreamEvent::Rejected(reason));
     }
     let status = refusal.status;
     warn!(code = ?status.code(), message = %status.message(), "ending stream");
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), tx.send(Err(status))).await;
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        tx.send(Box::new(Err(status))),
+    )
+    .await;
 }
 
 fn handle<H, C>(

@@ -170,7 +170,7 @@ pub struct TypeStatus {
 
 #[derive(Debug, Default)]
 pub struct DeltaStream {
-    types: BTreeMap<String, TypeState>,
+    types: BTreeMap<String, Box<TypeState>>,
     nonce_seq: u64,
     /// Parameters for plain-name and wildcard subscriptions (TP2 migration from node metadata).
     default_params: Arc<Params>,
@@ -197,8 +197,9 @@ pub(crate) fn type_rank(type_url: &str) -> u8 {
 /// the stream's life, so a 1 MiB initial state to 10,000 clients would otherwise pin ~10 GB.
 /// Splitting is free in Delta: each response is applied and ACKed on its own. Measured with 1,000
 /// clients holding 120 resources of 1 KiB: 32 KiB gives 137.6 KiB RSS per client, 16 KiB gives
-/// 109.1 KiB (bench/RESULTS.md).
-pub const RESPONSE_BUDGET_BYTES: usize = 16 * 1024;
+/// 109.1 KiB; with 3,000 clients, 16 KiB gives 81.5, 8 KiB 65.7 and 4 KiB 65.0 KiB per client
+/// while 4 KiB costs 30% more CPU to connect (more responses and ACKs): 8 KiB (bench/RESULTS.md).
+pub const RESPONSE_BUDGET_BYTES: usize = 8 * 1024;
 
 /// One response under construction: deduplicated so no name (or variant) appears twice and none
 /// is both added and removed (A20).
@@ -405,7 +406,7 @@ impl DeltaStream {
 
     /// Whether a build might produce a response.
     pub fn has_work(&self) -> bool {
-        self.types.values().any(TypeState::has_work)
+        self.types.values().any(|t| t.has_work())
     }
 
     /// Builds the next response, trying types in B14 order. `None` means nothing to send now.

@@ -65,7 +65,7 @@ struct TypeState {
 
 #[derive(Debug, Default)]
 pub struct SotwStream {
-    types: BTreeMap<String, TypeState>,
+    types: BTreeMap<String, Box<TypeState>>,
     nonce_seq: u64,
     /// Send each resource wrapped in a `Resource` (client announced the feature).
     wrap: bool,
