@@ -27,7 +27,8 @@ use crate::sync::lock;
 #[derive(Debug, Serialize)]
 struct GroupReadiness {
     group: String,
-    /// "never_synced", "synced" or "serving_cached" (upstream stream down, cache served).
+    /// "never_synced", "synced", "serving_cached" (upstream stream down, cache served) or
+    /// "serving_snapshot" (restored from the cache snapshot, no upstream answer yet).
     state: &'static str,
     /// The node the relay presents upstream for the group.
     upstream_node_id: String,
@@ -46,12 +47,25 @@ struct GroupReadiness {
 #[derive(Debug, Serialize)]
 struct Readiness {
     ready: bool,
-    /// "never_synced" (no upstream answer yet), "synced" or "serving_cached" (upstream down).
+    /// "never_synced" (no upstream answer yet), "synced", "serving_cached" (upstream down) or
+    /// "serving_snapshot" (serving what the cache snapshot restored; the upstream has not
+    /// answered yet).
     state: &'static str,
     upstream_reached: bool,
     /// The largest `staleness_seconds` over the groups.
     max_staleness_seconds: f64,
+    /// The cache snapshot loaded at startup (warm restart), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    snapshot: Option<SnapshotReadiness>,
     groups: Vec<GroupReadiness>,
+}
+
+#[derive(Debug, Serialize)]
+struct SnapshotReadiness {
+    path: String,
+    /// Seconds since the loaded snapshot was written.
+    age_seconds: f64,
+    loaded_resources: usize,
 }
 
 fn secs_since(t: Option<SystemTime>, now: SystemTime) -> Option<f64> {
@@ -66,7 +80,9 @@ fn readiness(relay: &Relay) -> Readiness {
         .map(|g| {
             let upstream = lock(&g.status).clone();
             let subscriptions = lock(&g.state).interest.upstream_subscription_count();
-            let state = if !upstream.synced_once {
+            let state = if !upstream.synced_once && g.seeded_as_of.is_some() {
+                "serving_snapshot"
+            } else if !upstream.synced_once {
                 "never_synced"
             } else if upstream.connected {
                 "synced"
@@ -83,6 +99,8 @@ fn readiness(relay: &Relay) -> Readiness {
                     Some(0.0)
                 } else if upstream.synced_once {
                     secs_since(upstream.disconnected_since.or(upstream.last_response), now)
+                } else if g.seeded_as_of.is_some() {
+                    secs_since(g.seeded_as_of, now)
                 } else {
                     None
                 },
@@ -98,15 +116,20 @@ fn readiness(relay: &Relay) -> Readiness {
         .filter_map(|g| g.staleness_seconds)
         .fold(0.0, f64::max);
     let reached = relay.upstream_reached.load(Ordering::Relaxed);
-    // Ready once the upstream has answered; a group that never synced has nothing to serve.
-    let all_synced = groups
-        .iter()
-        .all(|g| g.upstream.synced_once || g.upstream_subscriptions == 0);
+    let loaded = relay.snapshot.loaded();
+    // Ready once the upstream has answered, or a snapshot was loaded (warm restart: serving it
+    // is the point while the upstream is away); a group that has neither has nothing to serve.
+    let all_servable = groups.iter().all(|g| {
+        g.upstream.synced_once || g.state == "serving_snapshot" || g.upstream_subscriptions == 0
+    });
+    let from_snapshot =
+        loaded.is_some() && (!reached || groups.iter().any(|g| g.state == "serving_snapshot"));
     let any_down = groups.iter().any(|g| !g.upstream.connected);
-    let (ready, state) = match (reached && all_synced, any_down) {
+    let (ready, state) = match ((reached || loaded.is_some()) && all_servable, any_down) {
         // Shutting down: take the relay out of load balancing while clients move away.
         _ if relay.drain.is_draining() => (false, "draining"),
         (false, _) => (false, "never_synced"),
+        (true, _) if from_snapshot => (true, "serving_snapshot"),
         (true, false) => (true, "synced"),
         (true, true) => (true, "serving_cached"),
     };
@@ -115,6 +138,11 @@ fn readiness(relay: &Relay) -> Readiness {
         state,
         upstream_reached: reached,
         max_staleness_seconds,
+        snapshot: loaded.map(|l| SnapshotReadiness {
+            path: l.path.display().to_string(),
+            age_seconds: secs_since(Some(l.written_at), now).unwrap_or_default(),
+            loaded_resources: l.resources,
+        }),
         groups,
     }
 }
@@ -419,6 +447,11 @@ fn debug_config(relay: &Relay) -> serde_json::Value {
         "upstream_backoff_initial": format!("{:?}", c.backoff_initial),
         "upstream_backoff_max": format!("{:?}", c.backoff_max),
         "params_from_metadata": c.params_from_metadata,
+        "snapshot": c.snapshot.as_ref().map(|s| serde_json::json!({
+            "path": s.path.display().to_string(),
+            "interval": format!("{:?}", s.interval),
+            "max_staleness": format!("{:?}", s.max_staleness),
+        })),
         // Every field, including ones this endpoint does not list by name.
         "debug": format!("{c:?}"),
     })

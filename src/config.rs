@@ -91,6 +91,16 @@ pub struct RelayArgs {
     /// TOML config file; flags override its values
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Warm restart: persist the cache to this file and serve from it after a restart (off unless
+    /// set)
+    #[arg(long, value_name = "FILE")]
+    pub snapshot_path: Option<PathBuf>,
+    /// How often the snapshot is rewritten (also written on graceful shutdown) [default: 30s]
+    #[arg(long, value_name = "DURATION")]
+    pub snapshot_interval: Option<String>,
+    /// A snapshot older than this is not loaded [default: 1h]
+    #[arg(long, value_name = "DURATION")]
+    pub snapshot_max_staleness: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -147,6 +157,10 @@ struct FileConfig {
     resync_interval: Option<String>,
     upstream_keepalive_interval: Option<String>,
     upstream_keepalive_timeout: Option<String>,
+    // Warm restart; see `apply_snapshot`.
+    snapshot_path: Option<PathBuf>,
+    snapshot_interval: Option<String>,
+    snapshot_max_staleness: Option<String>,
 }
 
 /// Validated relay configuration.
@@ -170,6 +184,26 @@ pub struct Config {
     /// Aggregation groups (README "Groups and resilience").
     pub grouping: GroupingConfig,
     pub resilience: Resilience,
+    /// Warm restart from a cache snapshot (README "Warm restart"); `None` = off.
+    pub snapshot: Option<SnapshotConfig>,
+}
+
+/// Where the cache snapshot lives, how often it is written and how old it may be when loaded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotConfig {
+    pub path: PathBuf,
+    pub interval: Duration,
+    pub max_staleness: Duration,
+}
+
+impl SnapshotConfig {
+    pub fn new(path: PathBuf) -> Self {
+        SnapshotConfig {
+            path,
+            interval: Duration::from_secs(30),
+            max_staleness: Duration::from_secs(3600),
+        }
+    }
 }
 
 /// `[[groups]]` rules, the implicit rule's significant metadata keys, and unmatched clients.
@@ -268,6 +302,7 @@ impl Config {
             upstreams: vec![upstream_clone],
             grouping: GroupingConfig::default(),
             resilience: Resilience::default(),
+            snapshot: None,
         }
     }
 }
@@ -494,6 +529,26 @@ impl RelayArgs {
                 "backoff must satisfy 0 < upstream_backoff_initial <= upstream_backoff_max",
             ));
         }
+        cfg.snapshot = apply_snapshot(
+            pick(
+                self.snapshot_path,
+                "snapshot-path",
+                file.snapshot_path,
+                &path,
+            ),
+            pick(
+                self.snapshot_interval,
+                "snapshot-interval",
+                file.snapshot_interval,
+                &path,
+            ),
+            pick(
+                self.snapshot_max_staleness,
+                "snapshot-max-staleness",
+                file.snapshot_max_staleness,
+                &path,
+            ),
+        )?;
         let upstream_from_flag = upstream.origin.starts_with("--");
         apply_groups_and_resilience(
             &mut cfg,
@@ -611,6 +666,55 @@ fn apply_groups_and_resilience(
         ));
     }
     Ok(())
+}
+
+/// Warm-restart settings: the path turns the feature on; the other two need it.
+fn apply_snapshot(
+    path: Option<Sourced<PathBuf>>,
+    interval: Option<Sourced<String>>,
+    max_staleness: Option<Sourced<String>>,
+) -> Result<Option<SnapshotConfig>, ConfigError> {
+    let Some(path) = path else {
+        if let Some(s) = interval {
+            return Err(invalid(
+                &s.origin,
+                "snapshot_interval",
+                "needs snapshot_path",
+            ));
+        }
+        if let Some(s) = max_staleness {
+            return Err(invalid(
+                &s.origin,
+                "snapshot_max_staleness",
+                "needs snapshot_path",
+            ));
+        }
+        return Ok(None);
+    };
+    if path.value.as_os_str().is_empty() || path.value.file_name().is_none() {
+        return Err(invalid(&path.origin, "snapshot_path", "must name a file"));
+    }
+    let mut c = SnapshotConfig::new(path.value);
+    if let Some(s) = interval {
+        let d = parse_duration(&s.value).map_err(|m| invalid(&s.origin, "snapshot_interval", m))?;
+        if d < Duration::from_secs(1) {
+            return Err(invalid(
+                &s.origin,
+                "snapshot_interval",
+                format!("{:?} is too short (minimum 1s)", s.value),
+            ));
+        }
+        c.interval = d;
+    }
+    if let Some(s) = max_staleness {
+        let d = parse_duration(&s.value)
+            .map_err(|m| invalid(&s.origin, "snapshot_max_staleness", m))?;
+        if d.is_zero() {
+            return Err(invalid(&s.origin, "snapshot_max_staleness", "must be > 0"));
+        }
+        c.max_staleness = d;
+    }
+    Ok(Some(c))
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -786,6 +890,53 @@ mod tests {
         a.listen = Some("nonsense".into());
         let e = a.into_config().unwrap_err().to_string();
         assert!(e.starts_with("--listen: listen:"), "{e}");
+    }
+
+    #[test]
+    fn snapshot_settings_from_file_and_flags() {
+        let dir = std::env::temp_dir().join(format!("adsrelay-snapcfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("relay.toml");
+        std::fs::write(
+            &path,
+            "upstream = \"127.0.0.1:1\"\nsnapshot_path = \"/var/lib/adsrelay/cache.snap\"\n\
+             snapshot_max_staleness = \"2h\"\n",
+        )
+        .unwrap();
+        let mut a = args(None);
+        a.config = Some(path.clone());
+        a.snapshot_interval = Some("10s".into());
+        let c = a.into_config().unwrap().snapshot.unwrap();
+        assert_eq!(c.path, PathBuf::from("/var/lib/adsrelay/cache.snap"));
+        assert_eq!(c.interval, Duration::from_secs(10));
+        assert_eq!(c.max_staleness, Duration::from_secs(7200));
+        assert!(args(Some("127.0.0.1:1"))
+            .into_config()
+            .unwrap()
+            .snapshot
+            .is_none());
+
+        std::fs::write(
+            &path,
+            "upstream = \"127.0.0.1:1\"\nsnapshot_interval = \"5s\"\n",
+        )
+        .unwrap();
+        let mut a = args(None);
+        a.config = Some(path.clone());
+        let e = a.into_config().unwrap_err().to_string();
+        assert!(
+            e.contains("relay.toml: snapshot_interval: needs snapshot_path"),
+            "{e}"
+        );
+        let mut a = args(Some("127.0.0.1:1"));
+        a.snapshot_path = Some("/tmp/x.snap".into());
+        a.snapshot_interval = Some("10ms".into());
+        let e = a.into_config().unwrap_err().to_string();
+        assert!(
+            e.starts_with("--snapshot-interval: snapshot_interval:"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! - [`downstream`]: one task per client stream driving the core; bounded change mailboxes.
 //! - [`upstream`]: the per-group upstream Delta stream: connect, backoff, resubscribe, ACK/NACK.
 //! - [`admin`]: HTTP /healthz and /readyz.
+//! - [`snapshot`]: warm restart: the cache persisted to a local file and restored at startup.
 //! - [`grouping`]: which downstream nodes share a group, and the node presented upstream for it.
 //! - [`config`]: flags and config file -> validated [`config::Config`].
 //! - [`demo`]: the embedded demo control plane, its example resources and backend.
@@ -26,6 +27,7 @@ pub mod grouping;
 pub mod metrics;
 pub mod pb;
 pub mod relay;
+pub mod snapshot;
 pub mod sync;
 pub mod token_bucket;
 pub mod upstream;
@@ -49,6 +51,9 @@ pub async fn run(
 ) -> Result<(), tonic::transport::Error> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let relay = Relay::new(config, stop_rx.clone());
+    // Warm restart: the snapshot is loaded before anything is served.
+    snapshot::load(&relay);
+    tokio::spawn(snapshot::run(relay.clone(), stop_rx.clone()));
     tokio::spawn(upstream::probe(
         relay.config.clone(),
         relay.upstream_reached.clone(),
@@ -94,8 +99,11 @@ pub async fn run(
     let (served_tx, served_rx) = tokio::sync::oneshot::channel::<()>();
     let drain = relay.drain.clone();
     let period = relay.config.limits.drain_period;
+    let saving = relay.clone();
     let drained = async move {
         shutdown.await;
+        // Saved before the drain closes clients, so their interest is still in the snapshot.
+        snapshot::write_on_shutdown(&saving).await;
         drain.run(period).await;
         let _ = served_tx.send(());
     };

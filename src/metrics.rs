@@ -70,6 +70,11 @@ pub mod name {
     pub const UPSTREAM_RESYNCS: &str = "adsrelay_upstream_resyncs_total";
     pub const UPSTREAM_FAILOVERS: &str = "adsrelay_upstream_failovers_total";
     pub const RUNTIME_ALIVE_TASKS: &str = "adsrelay_runtime_alive_tasks";
+    pub const SNAPSHOT_LOADED_RESOURCES: &str = "adsrelay_snapshot_loaded_resources";
+    pub const SNAPSHOT_AGE: &str = "adsrelay_snapshot_age_seconds";
+    pub const SNAPSHOT_REJECTED: &str = "adsrelay_snapshot_rejected_total";
+    pub const SNAPSHOT_WRITES: &str = "adsrelay_snapshot_writes_total";
+    pub const SNAPSHOT_WRITE_FAILURES: &str = "adsrelay_snapshot_write_failures_total";
 }
 
 /// (name, HELP text). README's "Metrics" table mirrors this list.
@@ -162,6 +167,17 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
         name::UPSTREAM_FAILOVERS,
         "Upstream connection attempts moved to another control-plane address after a failure, by group.",
     ),
+    (
+        name::SNAPSHOT_LOADED_RESOURCES,
+        "Resources loaded from the cache snapshot at startup (warm restart); 0 if none was loaded.",
+    ),
+    (name::SNAPSHOT_AGE, "Age in seconds of the cache snapshot when it was loaded at startup."),
+    (
+        name::SNAPSHOT_REJECTED,
+        "Cache snapshots not loaded at startup, by reason (unreadable, not_a_snapshot, unsupported_version, corrupt, foreign, too_old).",
+    ),
+    (name::SNAPSHOT_WRITES, "Cache snapshots written (periodically and at graceful shutdown)."),
+    (name::SNAPSHOT_WRITE_FAILURES, "Cache snapshot writes that failed (the previous file is kept)."),
 ];
 
 /// Fan-out latency buckets, in seconds.
@@ -442,6 +458,34 @@ impl Metrics {
         let c = self.per_type(type_url);
         c.hits.increment(hits);
         c.misses.increment(misses);
+    }
+
+    /// Warm restart: what the snapshot loaded at startup held, and how old it was.
+    pub fn snapshot_loaded(&self, resources: usize, age: Duration) {
+        let gauge = |n: &'static str| self.recorder.register_gauge(&Key::from_name(n), &METADATA);
+        gauge(name::SNAPSHOT_LOADED_RESOURCES).set(resources as f64);
+        gauge(name::SNAPSHOT_AGE).set(age.as_secs_f64());
+    }
+
+    /// `reason` is one of [`crate::snapshot::Rejection::reason`]'s fixed labels.
+    pub fn snapshot_rejected(&self, reason: &'static str) {
+        self.recorder
+            .register_counter(
+                &Key::from_parts(name::SNAPSHOT_REJECTED, vec![Label::new("reason", reason)]),
+                &METADATA,
+            )
+            .increment(1);
+    }
+
+    pub fn snapshot_written(&self, ok: bool) {
+        let n = if ok {
+            name::SNAPSHOT_WRITES
+        } else {
+            name::SNAPSHOT_WRITE_FAILURES
+        };
+        self.recorder
+            .register_counter(&Key::from_name(n), &METADATA)
+            .increment(1);
     }
 
     pub fn fanout_latency(&self, received_at: Instant) {

@@ -66,6 +66,9 @@ pub struct Group {
     pub member_mismatches: AtomicU64,
     /// Ignored fields already reported at warn level (later mismatches log at debug).
     mismatch_logged: Mutex<HashSet<&'static str>>,
+    /// The group started from the cache snapshot, whose content was current at this time
+    /// (README "Warm restart").
+    pub seeded_as_of: Option<SystemTime>,
 }
 
 impl Group {
@@ -108,6 +111,8 @@ pub struct Relay {
     grouping: Grouping,
     /// New-stream admission (None: unlimited).
     admission: Option<Mutex<TokenBucket>>,
+    /// Warm restart: the loaded snapshot's groups not yet claimed, and the writer's lock.
+    pub snapshot: crate::snapshot::SnapshotState,
 }
 
 impl Relay {
@@ -135,6 +140,7 @@ impl Relay {
             metrics: Metrics::new(),
             drain: Arc::default(),
             clients: DashMap::new(),
+            snapshot: Default::default(),
         })
     }
 
@@ -232,9 +238,17 @@ impl Relay {
     fn new_group(&self, name: String, a: &Assignment) -> Arc<Group> {
         info!(group = %name, upstream_id = %a.upstream.id, upstream_cluster = %a.upstream.cluster,
             passthrough = a.passthrough, "new aggregation group");
+        let mut state = GroupState::new(self.config.unsubscribe_linger);
+        // Warm restart: a group saved in the loaded snapshot starts with its cache.
+        let seeded_as_of = self.snapshot.restore_into(
+            &name,
+            &a.upstream,
+            &mut state,
+            self.config.unsubscribe_linger,
+        );
         let group = Arc::new(Group {
             name,
-            state: Mutex::new(GroupState::new(self.config.unsubscribe_linger)),
+            state: Mutex::new(state),
             status: Mutex::new(UpstreamStatus::default()),
             streams: DashMap::new(),
             upstream_wake: Notify::new(),
@@ -242,6 +256,7 @@ impl Relay {
             first_member: a.ignored.clone(),
             member_mismatches: AtomicU64::new(0),
             mismatch_logged: Mutex::new(HashSet::new()),
+            seeded_as_of,
         });
         tokio::spawn(crate::upstream::housekeeping(
             group.clone(),

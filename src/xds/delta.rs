@@ -425,6 +425,7 @@ impl DeltaStream {
 
     fn build(&mut self, type_url: &str, store: &Store) -> Option<wire::DeltaDiscoveryResponse> {
         let synced = store.wildcard_synced(type_url);
+        let authoritative = store.wildcard_authoritative(type_url);
         let defaults = self.default_params.clone();
         let ts = self.types.get_mut(type_url)?;
         let mut candidates = std::mem::take(&mut ts.pending);
@@ -476,7 +477,7 @@ impl DeltaStream {
                     ts,
                     type_url,
                     store,
-                    synced,
+                    authoritative,
                     &l,
                     by_name,
                     covered,
@@ -542,7 +543,7 @@ impl DeltaStream {
         ts: &mut TypeState,
         type_url: &str,
         store: &Store,
-        synced: bool,
+        authoritative: bool,
         l: &Locator,
         by_name: bool,
         covered: bool,
@@ -602,7 +603,8 @@ impl DeltaStream {
                 }
             }
             Lookup::Unknown => {
-                // Only a synced wildcard makes a missing name authoritative (A12, D9);
+                // Only a wildcard the upstream answered (not one just restored from a snapshot)
+                // makes a missing name authoritative (A12, D9);
                 // otherwise wait for the upstream.
                 let via_wildcard =
                     ts.wildcard && by_name && !wild_explicit && !ts.explicit_contains(l);
@@ -613,7 +615,7 @@ impl DeltaStream {
                         && store.has_variant(type_url, &l.name, h.key()) == Some(false)
                 });
                 if held_variant_gone
-                    || (via_wildcard && synced && (forced || ts.known.contains_key(l)))
+                    || (via_wildcard && authoritative && (forced || ts.known.contains_key(l)))
                 {
                     remove(ts, out);
                 } else if !covered && !ts.wildcard {

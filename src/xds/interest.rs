@@ -239,6 +239,32 @@ impl Interest {
         out
     }
 
+    /// Every locator held upstream now (held or lingering), per type: what a snapshot records so
+    /// a restarted relay subscribes to the same set.
+    pub fn held_locators(&self) -> Vec<(String, Vec<Locator>)> {
+        self.types
+            .iter()
+            .map(|(t, ti)| {
+                let all: BTreeSet<Locator> =
+                    ti.refs.keys().chain(ti.lingering.keys()).cloned().collect();
+                (t.clone(), all.into_iter().collect::<Vec<_>>())
+            })
+            .filter(|(_, l)| !l.is_empty())
+            .collect()
+    }
+
+    /// Restores a locator from a snapshot as lingering until `until`: it is subscribed upstream
+    /// on the next stream (with the versions held, C4) and lapses like any unsubscribed locator
+    /// unless a client claims it first. No change is queued: a new stream sends the full set.
+    pub fn restore(&mut self, type_url: &str, locator: &Locator, until: Instant) {
+        let ti = self.types.entry(type_url.to_string()).or_default();
+        if ti.held(locator) {
+            return;
+        }
+        ti.count_name(&locator.name, 1);
+        ti.lingering.insert(locator.clone(), until);
+    }
+
     /// Whether any subscription for `name` is (or will be) held upstream.
     pub fn wants(&self, type_url: &str, name: &str) -> bool {
         self.types
@@ -350,6 +376,30 @@ mod tests {
         i.release(T, &test, Instant::now());
         assert_eq!(i.take_changes()[0].unsubscribe, vec![test]);
         assert!(i.wants(T, "foo"));
+    }
+
+    #[test]
+    fn restored_locators_are_resubscribed_and_lapse_unless_claimed() {
+        let now = Instant::now();
+        let mut i = Interest::new(Duration::from_secs(30));
+        let until = now + Duration::from_secs(30);
+        i.restore(T, &n("a"), until);
+        i.restore(T, &n("b"), until);
+        assert!(
+            i.take_changes().is_empty(),
+            "the new stream sends the full set"
+        );
+        assert_eq!(
+            i.resubscribe_all(),
+            vec![(T.to_string(), vec![n("a"), n("b")])]
+        );
+        // A client claims `a` (no upstream change: it is already held); `b` lapses.
+        i.acquire(T, &n("a"));
+        assert!(i.take_changes().is_empty());
+        assert_eq!(i.expire(until), vec![(T.to_string(), n("b"))]);
+        assert_eq!(i.take_changes()[0].unsubscribe, vec![n("b")]);
+        assert!(i.wants(T, "a") && !i.wants(T, "b"));
+        assert_eq!(i.held_locators(), vec![(T.to_string(), vec![n("a")])]);
     }
 
     #[test]

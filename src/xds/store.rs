@@ -47,6 +47,10 @@ struct TypeStore {
     /// The upstream has answered a wildcard subscription of this type at least once, so names it
     /// did not send are really not part of the wildcard set.
     wildcard_synced: bool,
+    /// The wildcard set came from a snapshot and the upstream has not answered the wildcard since:
+    /// good enough to answer an initial wildcard request, not to tell a client that a name it
+    /// holds is gone (it may be newer than the snapshot, D9).
+    wildcard_restored: bool,
 }
 
 /// Names whose content or existence changed in one upstream response.
@@ -88,6 +92,22 @@ pub enum ApplyError {
     HeartbeatVersionMismatch { name: String, got: String },
     #[error("resource {name:?} has invalid dynamic parameter constraints: {reason}")]
     BadConstraints { name: String, reason: String },
+}
+
+/// One type of a store as a snapshot keeps it ([`Store::export`], [`Store::import`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportedType {
+    pub type_url: String,
+    /// The upstream had answered the wildcard: the held names are the whole wildcard set.
+    pub wildcard_synced: bool,
+    pub resources: Vec<ExportedResource>,
+}
+
+/// One cached variant and, for a TTL'd one, when it expires.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportedResource {
+    pub resource: CachedResource,
+    pub expires: Option<Instant>,
 }
 
 /// One upstream Delta response, as the store needs it.
@@ -213,6 +233,16 @@ impl Store {
 
     pub fn wildcard_synced(&self, type_url: &str) -> bool {
         self.complete || self.types.get(type_url).is_some_and(|t| t.wildcard_synced)
+    }
+
+    /// Whether a name missing from the wildcard set is really gone: synced, and confirmed by the
+    /// upstream rather than only restored from a snapshot.
+    pub fn wildcard_authoritative(&self, type_url: &str) -> bool {
+        self.complete
+            || self
+                .types
+                .get(type_url)
+                .is_some_and(|t| t.wildcard_synced && !t.wildcard_restored)
     }
 
     /// Every name with at least one variant, in order.
@@ -400,8 +430,9 @@ impl Store {
             heartbeats,
             ..ChangeSet::default()
         };
-        if wildcard_answered && !ts.wildcard_synced {
+        if wildcard_answered && (!ts.wildcard_synced || ts.wildcard_restored) {
             ts.wildcard_synced = true;
+            ts.wildcard_restored = false;
             changes.wildcard_synced_now = true;
         }
         Ok(changes)
@@ -483,6 +514,71 @@ impl Store {
         out
     }
 
+    /// What a snapshot keeps (warm restart): per type, whether the wildcard was synced and every
+    /// variant that may be kept, with its TTL deadline. Never `do_not_cache` content (D2) nor
+    /// anything already expired (D6); negative entries, errors and heartbeats are not kept either:
+    /// the upstream restates them when it answers.
+    pub fn export(&self, now: Instant) -> Vec<ExportedType> {
+        let mut out: Vec<ExportedType> = self
+            .types
+            .iter()
+            .map(|(type_url, ts)| ExportedType {
+                type_url: type_url.clone(),
+                wildcard_synced: ts.wildcard_synced,
+                resources: ts
+                    .names
+                    .values()
+                    .flat_map(|e| {
+                        e.variants
+                            .iter()
+                            .map(move |(k, r)| (r, e.expires.get(k).copied()))
+                    })
+                    .filter(|(r, expires)| {
+                        !r.do_not_cache && !r.is_heartbeat() && expires.is_none_or(|at| at > now)
+                    })
+                    .map(|(r, expires)| ExportedResource {
+                        resource: CachedResource::clone(r),
+                        expires,
+                    })
+                    .collect(),
+            })
+            .filter(|t| t.wildcard_synced || !t.resources.is_empty())
+            .collect();
+        out.sort_by(|a, b| a.type_url.cmp(&b.type_url));
+        out
+    }
+
+    /// Fills an empty store from a snapshot, as if the upstream had sent it before the restart.
+    /// Variants that may not be kept or whose TTL ran out by `now` are skipped. Returns how many
+    /// variants were restored.
+    pub fn import(&mut self, types: Vec<ExportedType>, now: Instant) -> usize {
+        let mut restored = 0;
+        for t in types {
+            let ts = self.types.entry(t.type_url).or_default();
+            if t.wildcard_synced && !ts.wildcard_synced {
+                ts.wildcard_synced = true;
+                ts.wildcard_restored = true;
+            }
+            for ExportedResource { resource, expires } in t.resources {
+                if resource.do_not_cache
+                    || resource.is_heartbeat()
+                    || expires.is_some_and(|at| at <= now)
+                {
+                    continue;
+                }
+                let entry = ts.names.entry(resource.name.clone()).or_default();
+                if let Some(at) = expires {
+                    entry.expires.insert(resource.key.clone(), at);
+                }
+                entry
+                    .variants
+                    .insert(resource.key.clone(), Arc::new(resource));
+                restored += 1;
+            }
+        }
+        restored
+    }
+
     /// The upstream subscription for `name` lapsed: what is held may go stale, so drop it (D5).
     pub fn forget(&mut self, type_url: &str, name: &str) {
         if let Some(ts) = self.types.get_mut(type_url) {
@@ -495,6 +591,7 @@ impl Store {
         if let Some(ts) = self.types.get_mut(type_url) {
             ts.names.retain(|n, _| still_wanted(n));
             ts.wildcard_synced = false;
+            ts.wildcard_restored = false;
         }
     }
 }
@@ -506,6 +603,7 @@ mod tests {
     use crate::pb::discovery::dynamic_parameter_constraints::{SingleConstraint, Type};
     use crate::pb::discovery::{DynamicParameterConstraints, Resource};
     use prost::Message;
+    use std::time::Duration;
 
     const T: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 
@@ -618,6 +716,85 @@ mod tests {
         .unwrap();
         let v = s.initial_versions(T, |n| n != "a");
         assert_eq!(v, HashMap::from([("b".to_string(), "2".to_string())]));
+    }
+
+    fn with_ttl(name: &str, version: &str, ttl_secs: i64, do_not_cache: bool) -> Bytes {
+        Resource {
+            name: name.into(),
+            version: version.into(),
+            resource: Some(prost_types::Any {
+                type_url: T.into(),
+                value: b"x".to_vec(),
+            }),
+            ttl: (ttl_secs > 0).then_some(prost_types::Duration {
+                seconds: ttl_secs,
+                nanos: 0,
+            }),
+            cache_control: do_not_cache
+                .then_some(crate::pb::discovery::resource::CacheControl { do_not_cache: true }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    #[test]
+    fn export_import_round_trip_skips_uncacheable_and_expired() {
+        let t0 = Instant::now();
+        let mut s = Store::new();
+        s.apply(
+            T,
+            UpstreamUpdate {
+                resources: vec![
+                    res("a", "1", b"x"),
+                    with_ttl("short", "1", 5, false),
+                    with_ttl("long", "1", 60, false),
+                    with_ttl("secret", "1", 0, true),
+                    variant("v", "p1", env_is("prod")),
+                ],
+                received_at: Some(t0),
+                ..Default::default()
+            },
+            true,
+        )
+        .unwrap();
+        let exported = s.export(t0 + Duration::from_secs(1));
+        assert_eq!(exported.len(), 1);
+        assert!(exported[0].wildcard_synced);
+        let mut names: Vec<&str> = exported[0]
+            .resources
+            .iter()
+            .map(|r| &*r.resource.name)
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["a", "long", "short", "v"],
+            "do_not_cache is never exported"
+        );
+        // Restored 10 s later: the 5 s TTL ran out meanwhile, the 60 s one keeps its deadline.
+        let mut r = Store::new();
+        let restored = r.import(exported, t0 + Duration::from_secs(10));
+        assert_eq!(restored, 3);
+        assert!(r.wildcard_synced(T));
+        assert!(
+            !r.wildcard_authoritative(T),
+            "a restored wildcard set does not prove absence until the upstream answers"
+        );
+        assert_eq!(r.lookup(T, "short"), Lookup::Unknown);
+        assert_eq!(r.lookup(T, "secret"), Lookup::Unknown);
+        assert!(matches!(r.lookup(T, "a"), Lookup::Present(x) if x.version == "1"));
+        assert!(
+            matches!(r.lookup_for(T, "v", &params("prod")), Lookup::Present(x) if x.version == "p1")
+        );
+        assert_eq!(r.next_expiry(), Some(t0 + Duration::from_secs(60)));
+        // What was restored is reported upstream as held (C4), constrained variants excepted (C17).
+        let irv = r.initial_versions(T, |_| true);
+        assert_eq!(irv.len(), 2);
+        assert_eq!(irv.get("long").map(String::as_str), Some("1"));
+        // The upstream's wildcard answer (here: nothing changed) confirms the set.
+        let c = r.apply_delta(T, vec![], vec![], true).unwrap();
+        assert!(c.wildcard_synced_now && r.wildcard_authoritative(T));
     }
 
     #[test]

@@ -1,0 +1,906 @@
+//! Warm restart (README "Warm restart"): the relay persists every group's cache and upstream
+//! interest to a local snapshot file, periodically and when a graceful shutdown starts, and loads
+//! it at startup. A group created after the restart whose name and upstream node match a group in
+//! the snapshot starts with its store filled, so clients are served before the upstream answers;
+//! its upstream stream then reports the restored versions in `initial_resource_versions` (C4), so
+//! an unchanged upstream resends nothing.
+//!
+//! File layout (integers little-endian; strings and byte strings are a `u32` length + bytes):
+//!
+//! ```text
+//! magic "ADSRSNAP" | format version u32 | identity fingerprint [32] | written_at unix ms u64
+//! | body | SHA-256 of everything before it [32]
+//! body: groups u32, per group: name | upstream node (encoded core.v3.Node) | as_of unix ms u64
+//!       | types u32, per type: type_url | wildcard_synced u8
+//!         | locators u32, per locator: name | params u32, per param: key | value
+//!         | resources u32, per resource: encoded Resource | TTL deadline unix ms u64 (0: none)
+//! ```
+//!
+//! A snapshot that fails any check (magic, version, checksum, identity, age) is rejected as a
+//! whole with one warn line and the relay starts cold: none of it is served.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use prost::Message;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::config::{Config, SnapshotConfig};
+use crate::grouping::same_identity;
+use crate::pb::core::Node;
+use crate::relay::Relay;
+use crate::sync::lock;
+use crate::xds::store::{ExportedResource, ExportedType};
+use crate::xds::{CachedResource, GroupState, Locator, WILDCARD};
+
+pub const MAGIC: &[u8; 8] = b"ADSRSNAP";
+pub const FORMAT_VERSION: u32 = 1;
+const HEADER_LEN: usize = 8 + 4 + 32 + 8;
+const CHECKSUM_LEN: usize = 32;
+
+/// Restored interest is held at least this long for reconnecting clients to claim it, even with
+/// a shorter `unsubscribe_linger`: clients reconnect to a restarted relay with backoff.
+pub const RECLAIM_MIN: Duration = Duration::from_secs(30);
+
+/// Why a snapshot file is not loaded. Every variant means the relay starts with an empty cache.
+#[derive(Debug, thiserror::Error)]
+pub enum Rejection {
+    #[error("cannot read it: {0}")]
+    Unreadable(std::io::Error),
+    #[error("not an adsrelay snapshot (bad magic)")]
+    NotASnapshot,
+    #[error("format version {0} is not supported (this relay reads version {FORMAT_VERSION})")]
+    UnsupportedVersion(u32),
+    #[error("checksum mismatch (corrupt)")]
+    ChecksumMismatch,
+    #[error("malformed content: {0} (corrupt)")]
+    Malformed(String),
+    #[error(
+        "made for a different relay identity: the upstream addresses, node_id or [[groups]] \
+         differ (foreign)"
+    )]
+    Foreign,
+    #[error("written {age_secs}s ago, more than snapshot_max_staleness ({max_secs}s) (too old)")]
+    TooOld { age_secs: u64, max_secs: u64 },
+}
+
+impl Rejection {
+    /// The `reason` label of `adsrelay_snapshot_rejected_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Rejection::Unreadable(_) => "unreadable",
+            Rejection::NotASnapshot => "not_a_snapshot",
+            Rejection::UnsupportedVersion(_) => "unsupported_version",
+            Rejection::ChecksumMismatch | Rejection::Malformed(_) => "corrupt",
+            Rejection::Foreign => "foreign",
+            Rejection::TooOld { .. } => "too_old",
+        }
+    }
+}
+
+/// Why a snapshot could not be written (the previous file, if any, is left intact).
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("writer task failed: {0}")]
+    Task(String),
+}
+
+/// One instant on both clocks: TTL deadlines are `Instant`s in memory and wall-clock times on
+/// disk, since `Instant`s mean nothing to another process.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    pub instant: Instant,
+    pub wall: SystemTime,
+}
+
+impl Clock {
+    pub fn now() -> Self {
+        Clock {
+            instant: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+
+    fn to_wall(self, at: Instant) -> SystemTime {
+        match at.checked_duration_since(self.instant) {
+            Some(ahead) => self.wall + ahead,
+            None => self.wall - self.instant.duration_since(at),
+        }
+    }
+
+    /// `None` if `at` is already past: the deadline ran out.
+    fn to_instant(self, at: SystemTime) -> Option<Instant> {
+        let left = at.duration_since(self.wall).ok()?;
+        (!left.is_zero()).then(|| self.instant + left)
+    }
+}
+
+/// One type of a group as saved: the upstream interest and the cached variants.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeedType {
+    pub locators: Vec<Locator>,
+    pub store: ExportedType,
+}
+
+/// One group as saved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupSeed {
+    /// The node the relay presented upstream for the group: a restored group must present the same.
+    pub upstream_node: Node,
+    /// When the content was last known to match the upstream (the upstream stream was open).
+    pub as_of: SystemTime,
+    pub types: Vec<SeedType>,
+}
+
+impl GroupSeed {
+    pub fn resource_count(&self) -> usize {
+        self.types.iter().map(|t| t.store.resources.len()).sum()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub written_at: SystemTime,
+    pub groups: BTreeMap<String, GroupSeed>,
+}
+
+/// What one group's state contributes to a snapshot: the locators held upstream and, per type,
+/// only the cached content those locators want (what nobody wants would go stale, D5).
+pub fn export_group(
+    state: &GroupState,
+    upstream_node: &Node,
+    as_of: SystemTime,
+    now: Instant,
+) -> GroupSeed {
+    let mut locators: BTreeMap<String, Vec<Locator>> =
+        state.interest.held_locators().into_iter().collect();
+    let mut types = Vec::new();
+    for mut store in state.store.export(now) {
+        let held = locators.remove(&store.type_url).unwrap_or_default();
+        let wildcard = held.iter().any(|l| &*l.name == WILDCARD);
+        let wanted: HashSet<&str> = held.iter().map(|l| &*l.name).collect();
+        store
+            .resources
+            .retain(|r| wildcard || wanted.contains(&*r.resource.name));
+        store.wildcard_synced &= wildcard;
+        if held.is_empty() {
+            continue;
+        }
+        types.push(SeedType {
+            locators: held,
+            store,
+        });
+    }
+    // Interest in types nothing is cached for yet is restored too, so it is resubscribed at once.
+    for (type_url, held) in locators {
+        types.push(SeedType {
+            locators: held,
+            store: ExportedType {
+                type_url,
+                wildcard_synced: false,
+                resources: vec![],
+            },
+        });
+    }
+    types.sort_by(|a, b| a.store.type_url.cmp(&b.store.type_url));
+    GroupSeed {
+        upstream_node: upstream_node.clone(),
+        as_of,
+        types,
+    }
+}
+
+/// Seeds a new group's (empty) state from its saved counterpart. The interest is restored as
+/// lingering until `hold`, so it goes upstream on the first stream and lapses unless a client
+/// claims it. Returns the number of variants restored.
+pub fn restore_group(
+    seed: GroupSeed,
+    state: &mut GroupState,
+    now: Instant,
+    hold: Duration,
+) -> usize {
+    let mut restored = 0;
+    for t in seed.types {
+        for l in &t.locators {
+            state.interest.restore(&t.store.type_url, l, now + hold);
+        }
+        restored += state.store.import(vec![t.store], now);
+    }
+    restored
+}
+
+/// SHA-256 over what makes snapshots interchangeable: the control-plane addresses (in any order:
+/// failover order does not change what they serve), the relay's node id and the grouping rules.
+pub fn fingerprint(config: &Config) -> [u8; 32] {
+    let mut upstreams: Vec<String> = config.upstreams.iter().map(|u| u.to_string()).collect();
+    upstreams.sort();
+    upstreams.dedup();
+    let mut h = Sha256::new();
+    h.update(b"adsrelay snapshot identity v1\0");
+    for u in &upstreams {
+        h.update(u.as_bytes());
+        h.update([0]);
+    }
+    h.update(config.node_id.as_bytes());
+    h.update([0]);
+    // Debug output of plain structs, Vecs and BTreeMaps: deterministic for one relay version,
+    // and the format version guards layout changes across versions.
+    h.update(format!("{:?}", config.grouping).as_bytes());
+    h.finalize().into()
+}
+
+fn unix_millis(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn from_unix_millis(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: usize) {
+        // Counts and lengths are bounded by memory and far below 4 GiB per item in practice; a
+        // larger one would be a bug upstream of here, so saturate rather than wrap.
+        self.0
+            .extend_from_slice(&u32::try_from(v).unwrap_or(u32::MAX).to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.u32(b.len());
+        self.0.extend_from_slice(b);
+    }
+}
+
+/// Serializes a snapshot, ready to be written.
+pub fn encode(snapshot: &Snapshot, fingerprint: &[u8; 32], clock: Clock) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(4096));
+    w.0.extend_from_slice(MAGIC);
+    w.0.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    w.0.extend_from_slice(fingerprint);
+    w.u64(unix_millis(snapshot.written_at));
+    w.u32(snapshot.groups.len());
+    for (name, g) in &snapshot.groups {
+        w.bytes(name.as_bytes());
+        w.bytes(&g.upstream_node.encode_to_vec());
+        w.u64(unix_millis(g.as_of));
+        w.u32(g.types.len());
+        for t in &g.types {
+            w.bytes(t.store.type_url.as_bytes());
+            w.u8(u8::from(t.store.wildcard_synced));
+            w.u32(t.locators.len());
+            for l in &t.locators {
+                w.bytes(l.name.as_bytes());
+                w.u32(l.params.len());
+                for (k, v) in l.params.iter() {
+                    w.bytes(k.as_bytes());
+                    w.bytes(v.as_bytes());
+                }
+            }
+            w.u32(t.store.resources.len());
+            for r in &t.store.resources {
+                w.bytes(&r.resource.encoded);
+                w.u64(
+                    r.expires
+                        .map_or(0, |at| unix_millis(clock.to_wall(at)).max(1)),
+                );
+            }
+        }
+    }
+    let sum = Sha256::digest(&w.0);
+    w.0.extend_from_slice(&sum);
+    w.0
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], Rejection> {
+        if self.buf.len() < n {
+            return Err(Rejection::Malformed(format!("truncated in {what}")));
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+    fn u8(&mut self, what: &str) -> Result<u8, Rejection> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u32(&mut self, what: &str) -> Result<usize, Rejection> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, Rejection> {
+        let b = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn bytes(&mut self, what: &str) -> Result<&'a [u8], Rejection> {
+        let n = self.u32(what)?;
+        self.take(n, what)
+    }
+    fn string(&mut self, what: &str) -> Result<String, Rejection> {
+        String::from_utf8(self.bytes(what)?.to_vec())
+            .map_err(|_| Rejection::Malformed(format!("{what} is not UTF-8")))
+    }
+    /// A count, checked against what is left so a bad count cannot make us allocate wildly.
+    fn count(&mut self, what: &str, min_item: usize) -> Result<usize, Rejection> {
+        let n = self.u32(what)?;
+        if n.saturating_mul(min_item) > self.buf.len() {
+            return Err(Rejection::Malformed(format!(
+                "{what} count {n} exceeds the file"
+            )));
+        }
+        Ok(n)
+    }
+}
+
+/// Parses and validates a snapshot: magic, format version, checksum, identity, age, then every
+/// resource. TTL'd resources whose deadline passed while the relay was down are dropped here.
+pub fn decode(
+    data: &[u8],
+    fingerprint: &[u8; 32],
+    clock: Clock,
+    max_staleness: Duration,
+) -> Result<Snapshot, Rejection> {
+    if data.len() < MAGIC.len() || &data[..MAGIC.len()] != MAGIC {
+        return Err(Rejection::NotASnapshot);
+    }
+    if data.len() < HEADER_LEN + CHECKSUM_LEN {
+        return Err(Rejection::Malformed("truncated header".into()));
+    }
+    let mut r = Reader {
+        buf: &data[MAGIC.len()..],
+    };
+    let version = r.u32("version")? as u32;
+    if version != FORMAT_VERSION {
+        return Err(Rejection::UnsupportedVersion(version));
+    }
+    let (content, sum) = data.split_at(data.len() - CHECKSUM_LEN);
+    if Sha256::digest(content).as_slice() != sum {
+        return Err(Rejection::ChecksumMismatch);
+    }
+    let mut r = Reader {
+        buf: &content[MAGIC.len() + 4..],
+    };
+    if r.take(32, "fingerprint")? != fingerprint {
+        return Err(Rejection::Foreign);
+    }
+    let written_at = from_unix_millis(r.u64("written_at")?);
+    // A snapshot from the future (clock step) counts as fresh.
+    let age = clock.wall.duration_since(written_at).unwrap_or_default();
+    if age > max_staleness {
+        return Err(Rejection::TooOld {
+            age_secs: age.as_secs(),
+            max_secs: max_staleness.as_secs(),
+        });
+    }
+    let mut groups = BTreeMap::new();
+    for _ in 0..r.count("groups", 4)? {
+        let name = r.string("group name")?;
+        let upstream_node = Node::decode(r.bytes("upstream node")?)
+            .map_err(|e| Rejection::Malformed(format!("group {name:?} upstream node: {e}")))?;
+        let as_of = from_unix_millis(r.u64("as_of")?);
+        let mut types = Vec::new();
+        for _ in 0..r.count("types", 4)? {
+            let type_url = r.string("type_url")?;
+            let wildcard_synced = r.u8("wildcard_synced")? != 0;
+            let mut locators = Vec::new();
+            for _ in 0..r.count("locators", 8)? {
+                let lname = r.string("locator name")?;
+                let mut params = crate::xds::constraints::Params::new();
+                for _ in 0..r.count("locator params", 8)? {
+                    let k = r.string("param key")?;
+                    let v = r.string("param value")?;
+                    params.insert(k, v);
+                }
+                locators.push(Locator::with_params(lname, Arc::new(params)));
+            }
+            let mut resources = Vec::new();
+            for _ in 0..r.count("resources", 12)? {
+                let encoded = Bytes::copy_from_slice(r.bytes("resource")?);
+                let deadline = r.u64("ttl deadline")?;
+                let resource = CachedResource::decode(encoded).map_err(|e| {
+                    Rejection::Malformed(format!("group {name:?} type {type_url:?}: {e}"))
+                })?;
+                if resource.body_type_url != type_url {
+                    return Err(Rejection::Malformed(format!(
+                        "resource {:?} has type {:?} under {type_url:?}",
+                        resource.name, resource.body_type_url
+                    )));
+                }
+                let expires = if deadline == 0 {
+                    None
+                } else {
+                    match clock.to_instant(from_unix_millis(deadline)) {
+                        Some(at) => Some(at),
+                        // D6: its TTL ran out while the relay was down.
+                        None => continue,
+                    }
+                };
+                if resource.do_not_cache {
+                    continue;
+                }
+                resources.push(ExportedResource { resource, expires });
+            }
+            types.push(SeedType {
+                locators,
+                store: ExportedType {
+                    type_url,
+                    wildcard_synced,
+                    resources,
+                },
+            });
+        }
+        groups.insert(
+            name,
+            GroupSeed {
+                upstream_node,
+                as_of,
+                types,
+            },
+        );
+    }
+    if !r.buf.is_empty() {
+        return Err(Rejection::Malformed(format!(
+            "{} trailing bytes",
+            r.buf.len()
+        )));
+    }
+    Ok(Snapshot { written_at, groups })
+}
+
+/// Writes `data` to `path` atomically: a temporary file in the same directory, fsync, rename,
+/// fsync of the directory. A crash leaves the old snapshot or the new one, never a torn file.
+pub fn write_atomically(path: &Path, data: &[u8]) -> Result<(), WriteError> {
+    let io = |source| WriteError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "snapshot".into());
+    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        // Make the rename itself durable.
+        std::fs::File::open(&dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(io)
+}
+
+/// What was loaded at startup (for /readyz).
+#[derive(Debug, Clone)]
+pub struct LoadedInfo {
+    pub path: PathBuf,
+    pub written_at: SystemTime,
+    pub resources: usize,
+}
+
+/// The relay's warm-restart state: groups of the loaded snapshot not yet claimed by a group of
+/// this process, and a lock that keeps two writes from racing on the temporary file.
+#[derive(Debug, Default)]
+pub struct SnapshotState {
+    pending: Mutex<BTreeMap<String, GroupSeed>>,
+    loaded: OnceLock<LoadedInfo>,
+    writing: tokio::sync::Mutex<()>,
+}
+
+impl SnapshotState {
+    pub fn loaded(&self) -> Option<&LoadedInfo> {
+        self.loaded.get()
+    }
+
+    /// Fills a new group's state from the snapshot, if it saved a group of that name for the same
+    /// upstream node. Restored interest is held for `linger` (at least [`RECLAIM_MIN`]). Returns
+    /// when the restored content was last known current.
+    pub fn restore_into(
+        &self,
+        group: &str,
+        upstream_node: &Node,
+        state: &mut GroupState,
+        linger: Duration,
+    ) -> Option<SystemTime> {
+        let seed = lock(&self.pending).remove(group)?;
+        if !same_identity(&seed.upstream_node, upstream_node) {
+            warn!(
+                group,
+                "snapshot group not restored: it was saved for a different upstream node"
+            );
+            return None;
+        }
+        let as_of = seed.as_of;
+        let restored = restore_group(seed, state, Instant::now(), linger.max(RECLAIM_MIN));
+        info!(
+            group,
+            resources = restored,
+            "group restored from the cache snapshot"
+        );
+        Some(as_of)
+    }
+}
+
+/// Loads the configured snapshot into `relay` before it serves. A missing file is a cold start;
+/// any other failure is one warn line naming the file and the reason, and a cold start.
+pub fn load(relay: &Relay) {
+    let Some(cfg) = relay.config.snapshot.as_ref() else {
+        return;
+    };
+    let clock = Clock::now();
+    let data = match std::fs::read(&cfg.path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            info!(path = %cfg.path.display(), "no cache snapshot yet; starting with an empty cache");
+            return;
+        }
+        Err(e) => return reject(relay, cfg, Rejection::Unreadable(e)),
+    };
+    let fp = fingerprint(&relay.config);
+    let mut snapshot = match decode(&data, &fp, clock, cfg.max_staleness) {
+        Ok(s) => s,
+        Err(e) => return reject(relay, cfg, e),
+    };
+    // A group whose content was already stale when it was saved (its upstream down long) is not
+    // restored, even if the file itself is recent.
+    snapshot.groups.retain(|name, g| {
+        let age = clock.wall.duration_since(g.as_of).unwrap_or_default();
+        let keep = age <= cfg.max_staleness;
+        if !keep {
+            warn!(path = %cfg.path.display(), group = %name, age_secs = age.as_secs(),
+                "snapshot group not restored: its content is older than snapshot_max_staleness");
+        }
+        keep
+    });
+    let resources: usize = snapshot
+        .groups
+        .values()
+        .map(GroupSeed::resource_count)
+        .sum();
+    let age = clock
+        .wall
+        .duration_since(snapshot.written_at)
+        .unwrap_or_default();
+    info!(path = %cfg.path.display(), groups = snapshot.groups.len(), resources,
+        age_secs = age.as_secs(), "cache snapshot loaded; serving from it until the upstream answers");
+    relay.metrics.snapshot_loaded(resources, age);
+    let _ = relay.snapshot.loaded.set(LoadedInfo {
+        path: cfg.path.clone(),
+        written_at: snapshot.written_at,
+        resources,
+    });
+    *lock(&relay.snapshot.pending) = snapshot.groups;
+}
+
+fn reject(relay: &Relay, cfg: &SnapshotConfig, why: Rejection) {
+    warn!(path = %cfg.path.display(), reason = why.reason(),
+        "snapshot {} rejected: {why}; starting with an empty cache", cfg.path.display());
+    relay.metrics.snapshot_rejected(why.reason());
+}
+
+/// Collects every group (and every saved group not claimed yet) into a snapshot.
+fn collect(relay: &Relay, clock: Clock) -> Snapshot {
+    let mut groups = BTreeMap::new();
+    for g in relay.groups() {
+        let status = lock(&g.status).clone();
+        let as_of = if status.connected && status.synced_once {
+            clock.wall
+        } else if status.synced_once {
+            status
+                .disconnected_since
+                .or(status.last_response)
+                .unwrap_or(clock.wall)
+        } else if let Some(at) = g.seeded_as_of {
+            at
+        } else {
+            // Never synced, nothing restored: nothing worth keeping.
+            continue;
+        };
+        let seed = export_group(&lock(&g.state), &g.upstream_node, as_of, clock.instant);
+        groups.insert(g.name.clone(), seed);
+    }
+    for (name, seed) in lock(&relay.snapshot.pending).iter() {
+        groups.entry(name.clone()).or_insert_with(|| seed.clone());
+    }
+    Snapshot {
+        written_at: clock.wall,
+        groups,
+    }
+}
+
+/// Writes the snapshot now (periodic writer and graceful shutdown). Returns the resources saved.
+pub async fn write(relay: &Arc<Relay>) -> Result<usize, WriteError> {
+    let Some(cfg) = relay.config.snapshot.clone() else {
+        return Ok(0);
+    };
+    let _one_at_a_time = relay.snapshot.writing.lock().await;
+    let clock = Clock::now();
+    let snapshot = collect(relay, clock);
+    let resources = snapshot
+        .groups
+        .values()
+        .map(GroupSeed::resource_count)
+        .sum();
+    let data = encode(&snapshot, &fingerprint(&relay.config), clock);
+    let result = tokio::task::spawn_blocking(move || write_atomically(&cfg.path, &data))
+        .await
+        .map_err(|e| WriteError::Task(e.to_string()))
+        .and_then(|r| r);
+    relay.metrics.snapshot_written(result.is_ok());
+    result.map(|()| resources)
+}
+
+/// Rewrites the snapshot every `snapshot_interval` until shutdown.
+pub async fn run(relay: Arc<Relay>, mut shutdown: watch::Receiver<bool>) {
+    let Some(interval) = relay.config.snapshot.as_ref().map(|c| c.interval) else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            _ = shutdown.changed() => return,
+        }
+        match write(&relay).await {
+            Ok(resources) => debug!(resources, "cache snapshot written"),
+            Err(e) => warn!(error = %e, "cache snapshot not written; the previous one is kept"),
+        }
+    }
+}
+
+/// The write at the start of a graceful shutdown, while clients are still connected and their
+/// interest is intact.
+pub async fn write_on_shutdown(relay: &Arc<Relay>) {
+    if relay.config.snapshot.is_none() {
+        return;
+    }
+    match write(relay).await {
+        Ok(resources) => info!(resources, "cache snapshot written for the restart"),
+        Err(e) => {
+            warn!(error = %e, "cache snapshot not written at shutdown; the previous one is kept")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::discovery::Resource;
+    use crate::xds::UpstreamUpdate;
+
+    const T: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+    const E: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+    fn res(type_url: &str, name: &str, version: &str, ttl: Option<i64>) -> Bytes {
+        Resource {
+            name: name.into(),
+            version: version.into(),
+            resource: Some(prost_types::Any {
+                type_url: type_url.into(),
+                value: name.as_bytes().to_vec(),
+            }),
+            ttl: ttl.map(|seconds| prost_types::Duration { seconds, nanos: 0 }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    fn node() -> Node {
+        Node {
+            id: "relay".into(),
+            cluster: "edge".into(),
+            ..Default::default()
+        }
+    }
+
+    /// A group holding wildcard CDS (a, b) and EDS e1 with a 60 s TTL; EDS e2 was cached but is
+    /// no longer wanted.
+    fn group(now: Instant) -> GroupState {
+        let mut s = GroupState::new(Duration::from_secs(30));
+        s.interest.acquire(T, &Locator::plain(WILDCARD));
+        s.interest.acquire(E, &Locator::plain("e1"));
+        s.interest.take_changes();
+        s.interest.resubscribe_all();
+        s.apply_upstream(
+            T,
+            UpstreamUpdate {
+                resources: vec![res(T, "a", "1", None), res(T, "b", "1", None)],
+                received_at: Some(now),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        s.apply_upstream(
+            E,
+            UpstreamUpdate {
+                resources: vec![res(E, "e1", "7", Some(60))],
+                received_at: Some(now),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        s
+    }
+
+    fn snapshot(clock: Clock) -> Snapshot {
+        let g = group(clock.instant);
+        Snapshot {
+            written_at: clock.wall,
+            groups: BTreeMap::from([(
+                "edge".to_string(),
+                export_group(&g, &node(), clock.wall, clock.instant),
+            )]),
+        }
+    }
+
+    const FP: [u8; 32] = [7; 32];
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn round_trip_restores_content_interest_and_wildcard() {
+        let clock = Clock::now();
+        let snap = snapshot(clock);
+        let data = encode(&snap, &FP, clock);
+        let back = decode(&data, &FP, clock, HOUR).unwrap();
+        assert_eq!(back.groups.len(), 1);
+        let seed = back.groups["edge"].clone();
+        assert_eq!(seed.resource_count(), 3);
+
+        let mut fresh = GroupState::new(Duration::from_secs(30));
+        let restored = restore_group(seed, &mut fresh, clock.instant, RECLAIM_MIN);
+        assert_eq!(restored, 3);
+        assert!(
+            fresh.store.wildcard_synced(T),
+            "wildcard subscribers are answered at once"
+        );
+        assert!(fresh.interest.is_wildcard(T) && fresh.interest.wants(E, "e1"));
+        // The first upstream stream resubscribes everything with the restored versions (C4).
+        assert_eq!(
+            fresh
+                .store
+                .initial_versions(E, |_| true)
+                .get("e1")
+                .map(String::as_str),
+            Some("7")
+        );
+        assert_eq!(fresh.store.initial_versions(T, |_| true).len(), 2);
+        // The TTL deadline survives the trip (to the millisecond).
+        let left = fresh.store.next_expiry().unwrap() - clock.instant;
+        assert!(
+            left > Duration::from_secs(59) && left <= Duration::from_secs(60),
+            "{left:?}"
+        );
+    }
+
+    #[test]
+    fn unwanted_and_expired_content_is_not_saved() {
+        let now = Instant::now();
+        let mut g = group(now);
+        // The last subscriber of e1 left and the linger ended: e1 is no longer wanted.
+        g.interest.release(E, &Locator::plain("e1"), now);
+        g.expire(now + Duration::from_secs(31));
+        let seed = export_group(
+            &g,
+            &node(),
+            SystemTime::now(),
+            now + Duration::from_secs(31),
+        );
+        assert_eq!(seed.resource_count(), 2);
+        assert!(seed.types.iter().all(|t| t.store.type_url == T));
+    }
+
+    #[test]
+    fn ttl_that_ran_out_while_down_is_dropped_at_load() {
+        let then = Clock::now();
+        let data = encode(&snapshot(then), &FP, then);
+        let later = Clock {
+            instant: then.instant + Duration::from_secs(61),
+            wall: then.wall + Duration::from_secs(61),
+        };
+        let back = decode(&data, &FP, later, HOUR).unwrap();
+        let names: Vec<String> = back.groups["edge"]
+            .types
+            .iter()
+            .flat_map(|t| {
+                t.store
+                    .resources
+                    .iter()
+                    .map(|r| r.resource.name.to_string())
+            })
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+    }
+
+    #[test]
+    fn every_rejection_has_its_reason() {
+        let clock = Clock::now();
+        let data = encode(&snapshot(clock), &FP, clock);
+        let reason = |d: &[u8], fp: &[u8; 32], clock: Clock| {
+            decode(d, fp, clock, HOUR).map(|_| ()).unwrap_err().reason()
+        };
+        let mut flipped = data.clone();
+        let mid = flipped.len() / 2;
+        flipped[mid] ^= 0x01;
+        assert_eq!(reason(&flipped, &FP, clock), "corrupt");
+        assert_eq!(reason(&data[..data.len() - 1], &FP, clock), "corrupt");
+        assert_eq!(reason(b"{\"json\": true}", &FP, clock), "not_a_snapshot");
+        assert_eq!(reason(&data, &[8; 32], clock), "foreign");
+        let mut v2 = data.clone();
+        v2[8] = 2;
+        assert_eq!(reason(&v2, &FP, clock), "unsupported_version");
+        let later = Clock {
+            instant: clock.instant,
+            wall: clock.wall + HOUR + Duration::from_secs(1),
+        };
+        let e = decode(&data, &FP, later, HOUR).unwrap_err();
+        assert_eq!(e.reason(), "too_old");
+        assert!(
+            e.to_string()
+                .contains("more than snapshot_max_staleness (3600s)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn fingerprint_follows_upstreams_and_grouping_not_their_order() {
+        let a: http::Uri = "http://cp-a:18000".parse().unwrap();
+        let b: http::Uri = "http://cp-b:18000".parse().unwrap();
+        let mut c1 = Config::with_upstream(a.clone());
+        c1.upstreams = vec![a.clone(), b.clone()];
+        let mut c2 = c1.clone();
+        c2.upstreams = vec![b.clone(), a.clone()];
+        assert_eq!(fingerprint(&c1), fingerprint(&c2));
+        let c3 = Config::with_upstream(b);
+        assert_ne!(fingerprint(&c1), fingerprint(&c3));
+        let mut c4 = c1.clone();
+        c4.grouping.metadata_keys = vec!["tenant".into()];
+        assert_ne!(fingerprint(&c1), fingerprint(&c4));
+    }
+
+    #[test]
+    fn atomic_write_replaces_the_file() {
+        let dir = std::env::temp_dir().join(format!("adsrelay-snap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cache.snap");
+        write_atomically(&path, b"one").unwrap();
+        write_atomically(&path, b"two").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        let leftovers = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(leftovers, 1, "no temporary file left behind");
+        let e = write_atomically(&dir.join("missing/cache.snap"), b"x").unwrap_err();
+        assert!(e.to_string().contains("missing/cache.snap"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
