@@ -50,9 +50,13 @@ pub struct RelayArgs {
     #[arg(long, value_name = "ID")]
     pub node_id: Option<String>,
     /// How long the relay stays subscribed upstream after the last client left a resource, e.g.
-    /// `30s`, `500ms`, `0s` [default: 30s]
+    /// `30s`, `500ms`, `0s` [default: 5m]
     #[arg(long, value_name = "DURATION")]
     pub unsubscribe_linger: Option<String>,
+    /// Per group: encoded bytes of resources no client subscribes to that the relay keeps
+    /// (least recently left evicted first); 0 keeps none [default: 67108864]
+    #[arg(long, value_name = "BYTES")]
+    pub unsubscribed_cache_bytes: Option<usize>,
     /// Largest xDS message accepted or sent, in bytes [default: 67108864]
     #[arg(long, value_name = "BYTES")]
     pub max_message_bytes: Option<usize>,
@@ -134,6 +138,7 @@ struct FileConfig {
     admin: Option<String>,
     node_id: Option<String>,
     unsubscribe_linger: Option<String>,
+    unsubscribed_cache_bytes: Option<usize>,
     max_message_bytes: Option<usize>,
     log_format: Option<LogFormat>,
     upstream_backoff_initial: Option<String>,
@@ -171,6 +176,8 @@ pub struct Config {
     pub admin: SocketAddr,
     pub node_id: String,
     pub unsubscribe_linger: Duration,
+    /// Byte budget of each group's unsubscribed set (README "Limits and hardening").
+    pub unsubscribed_cache_bytes: usize,
     pub max_message_bytes: usize,
     pub log_format: LogFormat,
     pub backoff_initial: Duration,
@@ -292,7 +299,10 @@ impl Config {
             listen: ([0, 0, 0, 0], 18000).into(),
             admin: ([127, 0, 0, 1], 9902).into(),
             node_id: "adsrelay".into(),
-            unsubscribe_linger: Duration::from_secs(30),
+            // Bytes are bounded by `unsubscribed_cache_bytes`; the linger only bounds how long the
+            // control plane tracks names nobody wants, and 5m covers a rolling restart.
+            unsubscribe_linger: Duration::from_secs(300),
+            unsubscribed_cache_bytes: crate::xds::unsubscribed::DEFAULT_UNSUBSCRIBED_CACHE_BYTES,
             max_message_bytes: 64 << 20,
             log_format: LogFormat::Text,
             backoff_initial: Duration::from_millis(250),
@@ -392,6 +402,14 @@ impl RelayArgs {
         ) {
             cfg.unsubscribe_linger = parse_duration(&s.value)
                 .map_err(|m| invalid(&s.origin, "unsubscribe_linger", m))?;
+        }
+        if let Some(s) = pick(
+            self.unsubscribed_cache_bytes,
+            "unsubscribed-cache-bytes",
+            file.unsubscribed_cache_bytes,
+            &path,
+        ) {
+            cfg.unsubscribed_cache_bytes = s.value;
         }
         if let Some(s) = pick(
             self.max_message_bytes,
@@ -934,6 +952,41 @@ mod tests {
         let e = a.into_config().unwrap_err().to_string();
         assert!(
             e.starts_with("--snapshot-interval: snapshot_interval:"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn unsubscribed_cache_bytes_from_file_or_flag() {
+        let dir = std::env::temp_dir().join(format!("adsrelay-cfg-lru-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("relay.toml");
+        let default = args(Some("127.0.0.1:1")).into_config().unwrap();
+        assert_eq!(default.unsubscribed_cache_bytes, 64 << 20);
+        assert_eq!(default.unsubscribe_linger, Duration::from_secs(300));
+        std::fs::write(
+            &path,
+            "upstream = \"127.0.0.1:1\"\nunsubscribed_cache_bytes = 1024\n",
+        )
+        .unwrap();
+        let mut a = args(None);
+        a.config = Some(path.clone());
+        assert_eq!(a.into_config().unwrap().unsubscribed_cache_bytes, 1024);
+        let mut a = args(None);
+        a.config = Some(path.clone());
+        a.unsubscribed_cache_bytes = Some(0);
+        assert_eq!(a.into_config().unwrap().unsubscribed_cache_bytes, 0);
+        std::fs::write(
+            &path,
+            "upstream = \"127.0.0.1:1\"\nunsubscribed_cache_bytes = -1\n",
+        )
+        .unwrap();
+        let mut a = args(None);
+        a.config = Some(path.clone());
+        let e = a.into_config().unwrap_err().to_string();
+        assert!(
+            e.contains("relay.toml") && e.contains("unsubscribed_cache_bytes"),
             "{e}"
         );
         let _ = std::fs::remove_dir_all(&dir);

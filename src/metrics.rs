@@ -75,6 +75,12 @@ pub mod name {
     pub const SNAPSHOT_REJECTED: &str = "adsrelay_snapshot_rejected_total";
     pub const SNAPSHOT_WRITES: &str = "adsrelay_snapshot_writes_total";
     pub const SNAPSHOT_WRITE_FAILURES: &str = "adsrelay_snapshot_write_failures_total";
+    pub const UNSUBSCRIBED_CACHE_BUDGET: &str = "adsrelay_unsubscribed_cache_budget_bytes";
+    pub const UNSUBSCRIBED_CACHE_BYTES: &str = "adsrelay_unsubscribed_cache_bytes";
+    pub const UNSUBSCRIBED_CACHE_ENTRIES: &str = "adsrelay_unsubscribed_cache_entries";
+    pub const UNSUBSCRIBED_CACHE_EVICTIONS: &str = "adsrelay_unsubscribed_cache_evictions_total";
+    pub const UNSUBSCRIBED_CACHE_RESUBSCRIPTIONS: &str =
+        "adsrelay_unsubscribed_cache_resubscriptions_total";
 }
 
 /// (name, HELP text). README's "Metrics" table mirrors this list.
@@ -178,6 +184,26 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     ),
     (name::SNAPSHOT_WRITES, "Cache snapshots written (periodically and at graceful shutdown)."),
     (name::SNAPSHOT_WRITE_FAILURES, "Cache snapshot writes that failed (the previous file is kept)."),
+    (
+        name::UNSUBSCRIBED_CACHE_BUDGET,
+        "Byte budget of the group's unsubscribed set (unsubscribed_cache_bytes), by group.",
+    ),
+    (
+        name::UNSUBSCRIBED_CACHE_BYTES,
+        "Encoded bytes of cached resources no client subscribes to, kept subscribed upstream for fast re-subscription, by group.",
+    ),
+    (
+        name::UNSUBSCRIBED_CACHE_ENTRIES,
+        "Names (and lingering wildcards) in the group's unsubscribed set, by group.",
+    ),
+    (
+        name::UNSUBSCRIBED_CACHE_EVICTIONS,
+        "Entries that left the unsubscribed set with their upstream subscription, by group and reason (budget: least recently left past the byte budget; linger: older than unsubscribe_linger).",
+    ),
+    (
+        name::UNSUBSCRIBED_CACHE_RESUBSCRIPTIONS,
+        "Subscriptions served from the unsubscribed set: the name was still cached and subscribed upstream, so no upstream request was needed, by group.",
+    ),
 ];
 
 /// Fan-out latency buckets, in seconds.
@@ -281,6 +307,18 @@ pub struct GroupScrape {
     pub failovers: u64,
     /// The control-plane address the group uses (or tries) now.
     pub upstream: String,
+    pub unsubscribed: UnsubscribedScrape,
+}
+
+/// One group's unsubscribed set, as exported.
+#[derive(Debug, Default)]
+pub struct UnsubscribedScrape {
+    pub budget: usize,
+    pub bytes: usize,
+    pub entries: usize,
+    pub evicted_budget: u64,
+    pub evicted_linger: u64,
+    pub resubscriptions: u64,
 }
 
 /// A scrape-time gauge: name and label pairs.
@@ -608,6 +646,24 @@ impl Metrics {
             self.counter_absolute(name::DRIFT_REPAIRS, group(), g.drift_repairs);
             self.counter_absolute(name::UPSTREAM_RESYNCS, group(), g.resyncs);
             self.counter_absolute(name::UPSTREAM_FAILOVERS, group(), g.failovers);
+            let u = &g.unsubscribed;
+            for (n, v) in [
+                (name::UNSUBSCRIBED_CACHE_BUDGET, u.budget),
+                (name::UNSUBSCRIBED_CACHE_BYTES, u.bytes),
+                (name::UNSUBSCRIBED_CACHE_ENTRIES, u.entries),
+            ] {
+                self.gauge(n, vec![("group", g.group.clone())], v as f64);
+            }
+            for (reason, v) in [("budget", u.evicted_budget), ("linger", u.evicted_linger)] {
+                let mut labels = group();
+                labels.push(Label::new("reason", reason));
+                self.counter_absolute(name::UNSUBSCRIBED_CACHE_EVICTIONS, labels, v);
+            }
+            self.counter_absolute(
+                name::UNSUBSCRIBED_CACHE_RESUBSCRIPTIONS,
+                group(),
+                u.resubscriptions,
+            );
             *groups_per_upstream.entry(g.upstream.clone()).or_default() += 1;
             self.counter_absolute(name::UPSTREAM_NACKS, group(), g.nacks_sent);
             self.counter_absolute(

@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::downstream::{ClientEntry, Mailbox, StreamEvent, StreamHost};
 use crate::grouping::{identity_digest, same_identity, Assignment, Grouping, IgnoredFields};
-use crate::metrics::{GroupScrape, Metrics, Rejection, ScrapeState};
+use crate::metrics::{GroupScrape, Metrics, Rejection, ScrapeState, UnsubscribedScrape};
 use crate::pb::core::Node;
 use crate::sync::lock;
 use crate::token_bucket::TokenBucket;
@@ -174,14 +174,25 @@ impl Relay {
                         e.2 += r.encoded.len();
                     }
                 }
+                let u = &state.unsubscribed;
+                let unsubscribed = UnsubscribedScrape {
+                    budget: u.budget(),
+                    bytes: u.bytes(),
+                    entries: u.len(),
+                    evicted_budget: u.evicted_budget,
+                    evicted_linger: u.evicted_linger,
+                    resubscriptions: u.resubscriptions,
+                };
                 (
                     state.interest.upstream_subscription_count(),
                     state.interest.refetches,
                     state.interest.refetch_fallbacks,
                     state.store.ttl_expired,
+                    unsubscribed,
                 )
             };
-            let (subscriptions, refetches, refetch_fallbacks, ttl_expired) = subscriptions;
+            let (subscriptions, refetches, refetch_fallbacks, ttl_expired, unsubscribed) =
+                subscriptions;
             let status = lock(&g.status).clone();
             s.groups.push(GroupScrape {
                 group: g.name.clone(),
@@ -199,6 +210,7 @@ impl Relay {
                 resyncs: status.resyncs,
                 failovers: status.failovers,
                 upstream: status.upstream.clone().unwrap_or_default(),
+                unsubscribed,
             });
         }
         self.metrics.render(s)
@@ -238,7 +250,8 @@ impl Relay {
     fn new_group(&self, name: String, a: &Assignment) -> Arc<Group> {
         info!(group = %name, upstream_id = %a.upstream.id, upstream_cluster = %a.upstream.cluster,
             passthrough = a.passthrough, "new aggregation group");
-        let mut state = GroupState::new(self.config.unsubscribe_linger);
+        let mut state = GroupState::new(self.config.unsubscribe_linger)
+            .with_unsubscribed_budget(self.config.unsubscribed_cache_bytes);
         // Warm restart: a group saved in the loaded snapshot starts with its cache.
         let seeded_as_of = self.snapshot.restore_into(
             &name,

@@ -215,7 +215,13 @@ pub fn restore_group(
         for l in &t.locators {
             state.interest.restore(&t.store.type_url, l, now + hold);
         }
+        let type_url = t.store.type_url.clone();
         restored += state.store.import(vec![t.store], now);
+        // Restored locators linger: they join the unsubscribed set, under its byte budget.
+        state.settle_restored(
+            &type_url,
+            t.locators.iter().map(|l| l.name.clone()).collect(),
+        );
     }
     restored
 }

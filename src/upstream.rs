@@ -388,13 +388,19 @@ fn apply_response(
             // C10: never asked for this type; nothing to cache or fan out.
             Ok(None)
         } else {
-            state
+            let evicted = state.unsubscribed.evicted_budget;
+            let outcome = state
                 .apply_upstream(&resp.type_url, update)
                 .map(|mut changes| {
                     changes.received_at = Some(received_at);
                     let affected = state.affected(&changes);
                     Some((changes, affected))
-                })
+                });
+            if state.unsubscribed.evicted_budget != evicted {
+                // The update pushed kept names over the budget: send their unsubscribes now.
+                group.upstream_wake.notify_one();
+            }
+            outcome
         }
     };
     let mut status = lock(&group.status);

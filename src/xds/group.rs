@@ -1,6 +1,15 @@
 //! The protocol state of one aggregation group: its store, the refcounted interest it holds
-//! upstream, and the index from names to the downstream streams subscribed to them (the "who listens
-//! to what" index that makes fan-out targeted). No I/O; the adapter holds it behind a lock.
+//! upstream, the index from names to the downstream streams subscribed to them (the "who listens
+//! to what" index that makes fan-out targeted), and the byte-bounded set of names no client wants
+//! any more. No I/O; the adapter holds it behind a lock.
+//!
+//! A name no client subscribes to stays subscribed upstream while it is in the unsubscribed set,
+//! so what the store holds for it stays fresh and a returning client is served at once. It leaves
+//! the set when a client subscribes again, when it has been there for the linger, or when the set
+//! is over its byte budget (least recently left first); the last two end the upstream
+//! subscription and the store forgets the name in the same step, so nothing is served from a
+//! lapsed subscription (D5). Names a client subscribes to, or that a client's wildcard of the type
+//! covers, are never in the set.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -9,6 +18,7 @@ use super::delta::RequestEffects;
 use super::interest::{Interest, UpstreamChange, WILDCARD};
 use super::resource::{Locator, Name};
 use super::store::{ApplyError, ChangeSet, Store, UpstreamUpdate};
+use super::unsubscribed::UnsubscribedSet;
 
 /// Identifies a downstream stream within the process.
 pub type StreamId = u64;
@@ -20,6 +30,8 @@ pub struct GroupState {
     /// type_url -> name (or `"*"`) -> streams subscribed to it, with how many of their locators
     /// carry that name.
     index: HashMap<String, HashMap<Name, HashMap<StreamId, u32>>>,
+    /// Names (and lingering wildcards) held upstream that no client wants, within a byte budget.
+    pub unsubscribed: UnsubscribedSet,
 }
 
 impl GroupState {
@@ -28,7 +40,14 @@ impl GroupState {
             store: Store::new(),
             interest: Interest::new(linger),
             index: HashMap::new(),
+            unsubscribed: UnsubscribedSet::default(),
         }
+    }
+
+    /// Sets the byte budget of the unsubscribed set (`unsubscribed_cache_bytes`).
+    pub fn with_unsubscribed_budget(mut self, bytes: usize) -> Self {
+        self.unsubscribed = UnsubscribedSet::new(bytes);
+        self
     }
 
     /// Applies a stream's subscription changes to the interest and the index. Returns the store's
@@ -39,31 +58,140 @@ impl GroupState {
         effects: &RequestEffects,
         now: Instant,
     ) -> u64 {
-        let by_name = self.index.entry(effects.type_url.clone()).or_default();
+        let type_url = &effects.type_url;
+        let by_name = self.index.entry(type_url.clone()).or_default();
+        let mut touched = Vec::with_capacity(effects.acquire.len() + effects.release.len());
         for l in &effects.acquire {
             *by_name
                 .entry(l.name.clone())
                 .or_default()
                 .entry(stream)
                 .or_default() += 1;
-            self.interest.acquire(&effects.type_url, l);
+            // Only the first reference and the last release change anything below.
+            if self.interest.refcount(type_url, l) == 0 {
+                if self.unsubscribed.contains(type_url, &l.name) {
+                    self.unsubscribed.resubscriptions += 1;
+                }
+                touched.push(l.name.clone());
+            }
+            self.interest.acquire(type_url, l);
         }
         for l in &effects.release {
             if Self::unindex(by_name, &l.name, stream) {
-                self.interest.release(&effects.type_url, l, now);
+                self.interest.release(type_url, l, now);
+                if self.interest.refcount(type_url, l) == 0 {
+                    touched.push(l.name.clone());
+                }
             }
         }
+        self.settle(type_url, touched);
         self.store.seq()
     }
 
     /// A stream ended: release everything it held (F9).
     pub fn remove_stream(&mut self, stream: StreamId, held: &[(String, Locator)], now: Instant) {
+        let mut touched: HashMap<&str, Vec<Name>> = HashMap::new();
         for (type_url, l) in held {
             if let Some(by_name) = self.index.get_mut(type_url) {
                 if Self::unindex(by_name, &l.name, stream) {
                     self.interest.release(type_url, l, now);
+                    if self.interest.refcount(type_url, l) == 0 {
+                        touched.entry(type_url).or_default().push(l.name.clone());
+                    }
                 }
             }
+        }
+        for (type_url, names) in touched {
+            self.settle(type_url, names);
+        }
+    }
+
+    /// Locators restored from a snapshot (lingering until a client claims them) join the
+    /// unsubscribed set like any released name, so the byte budget covers them too.
+    pub fn settle_restored(&mut self, type_url: &str, names: Vec<Name>) {
+        self.settle(type_url, names);
+    }
+
+    /// Brings the store and the unsubscribed set in line with the interest in `names` of one type
+    /// after it changed: a name nobody holds upstream any more is forgotten (D5); one held only by
+    /// a linger is (re)accounted in the set; one a client wants (itself or by the type's wildcard)
+    /// leaves the set. Then evicts whatever the budget no longer covers.
+    fn settle(&mut self, type_url: &str, mut names: Vec<Name>) {
+        if names.is_empty() {
+            return;
+        }
+        if names.iter().any(|n| &**n == WILDCARD) {
+            // Whether a client holds the wildcard decides for every kept name of the type.
+            names.extend(self.interest.lingering_names(type_url));
+            names.extend(self.unsubscribed.names_of_type(type_url));
+        }
+        names.sort();
+        names.dedup();
+        // `"*"` sorts first: a lapsed wildcard is forgotten before the names it covered settle.
+        for n in &names {
+            self.settle_name(type_url, n);
+        }
+        self.account_wildcard(type_url);
+        self.enforce_budget();
+    }
+
+    fn settle_name(&mut self, type_url: &str, name: &Name) {
+        let wildcard = &**name == WILDCARD;
+        if !self.interest.wants(type_url, name) {
+            // The upstream subscription lapsed (or never existed): what is held may go stale.
+            if wildcard {
+                let interest = &self.interest;
+                self.store
+                    .forget_wildcard(type_url, |n| interest.wants(type_url, n));
+            } else if !self.interest.is_wildcard(type_url) {
+                self.store.forget(type_url, name);
+            }
+            self.unsubscribed.remove(type_url, name);
+            return;
+        }
+        let protected = self.interest.referenced(type_url, name)
+            || (!wildcard && self.interest.referenced(type_url, WILDCARD));
+        if protected {
+            self.unsubscribed.remove(type_url, name);
+            return;
+        }
+        let bytes = if wildcard {
+            self.wildcard_only_bytes(type_url)
+        } else {
+            self.store.name_bytes(type_url, name)
+        };
+        self.unsubscribed.insert(type_url, name, bytes);
+    }
+
+    /// What a lingering wildcard alone keeps: the names of the type no locator holds explicitly.
+    fn wildcard_only_bytes(&self, type_url: &str) -> usize {
+        self.store
+            .names(type_url)
+            .filter(|n| !self.interest.wants(type_url, n))
+            .map(|n| self.store.name_bytes(type_url, n))
+            .sum()
+    }
+
+    /// Re-accounts a lingering wildcard of the type, if it is in the set (its bytes move with the
+    /// type's content and with names gaining or losing their own subscription).
+    fn account_wildcard(&mut self, type_url: &str) {
+        let wildcard = Name::from(WILDCARD);
+        if self.unsubscribed.contains(type_url, &wildcard) {
+            let bytes = self.wildcard_only_bytes(type_url);
+            self.unsubscribed.set_bytes(type_url, &wildcard, bytes);
+        }
+    }
+
+    /// Evicts least recently left entries until the set fits its budget: each one's upstream
+    /// subscription ends (the unsubscribe is queued) and the store forgets it at once (D5). A name
+    /// evicted while its type's wildcard still lingers stays cached under the wildcard (the
+    /// upstream keeps sending it), so its bytes move to the wildcard's entry.
+    fn enforce_budget(&mut self) {
+        while let Some((type_url, name)) = self.unsubscribed.pop_over_budget() {
+            self.unsubscribed.evicted_budget += 1;
+            self.interest.drop_lingering(&type_url, &name);
+            self.settle_name(&type_url, &name);
+            self.account_wildcard(&type_url);
         }
     }
 
@@ -130,6 +258,13 @@ impl GroupState {
                 wanted
             });
         }
+        // Kept names the upstream updated cost what they cost now; that may evict some.
+        for n in &changes.names {
+            let bytes = self.store.name_bytes(type_url, n);
+            self.unsubscribed.set_bytes(type_url, n, bytes);
+        }
+        self.account_wildcard(type_url);
+        self.enforce_budget();
         Ok(changes)
     }
 
@@ -142,19 +277,28 @@ impl GroupState {
     /// upstream) and expired TTLs; returns the change sets the TTL expiries caused, with the
     /// streams they affect.
     pub fn expire(&mut self, now: Instant) -> Vec<(ChangeSet, HashSet<StreamId>)> {
+        let mut lapsed: HashMap<String, Vec<Name>> = HashMap::new();
         for (type_url, l) in self.interest.expire(now) {
-            if &*l.name == WILDCARD {
-                let interest = &self.interest;
-                self.store
-                    .forget_wildcard(&type_url, |n| interest.wants(&type_url, n));
-            } else if !self.interest.is_wildcard(&type_url)
-                && !self.interest.wants(&type_url, &l.name)
+            if !self.interest.wants(&type_url, &l.name)
+                && self.unsubscribed.contains(&type_url, &l.name)
             {
-                self.store.forget(&type_url, &l.name);
+                self.unsubscribed.evicted_linger += 1;
             }
+            lapsed.entry(type_url).or_default().push(l.name);
         }
-        self.store
-            .expire(now)
+        for (type_url, names) in lapsed {
+            self.settle(&type_url, names);
+        }
+        let expired = self.store.expire(now);
+        // Kept names whose TTL ran out hold less now.
+        for c in &expired {
+            for n in &c.names {
+                let bytes = self.store.name_bytes(&c.type_url, n);
+                self.unsubscribed.set_bytes(&c.type_url, n, bytes);
+            }
+            self.account_wildcard(&c.type_url);
+        }
+        expired
             .into_iter()
             .map(|c| {
                 let affected = self.affected(&c);
@@ -188,5 +332,425 @@ impl GroupState {
             .get(type_url)
             .and_then(|m| m.get(name))
             .map_or(0, HashMap::len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::discovery::Resource;
+    use crate::xds::delta::AckStatus;
+    use crate::xds::store::Lookup;
+    use bytes::Bytes;
+    use proptest::prelude::*;
+    use prost::Message;
+    use std::collections::BTreeSet;
+
+    const T: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+    const LINGER: Duration = Duration::from_secs(60);
+
+    /// A resource whose encoded size grows with `body_len`.
+    fn res(name: &str, version: &str, body_len: usize) -> Bytes {
+        Resource {
+            name: name.into(),
+            version: version.into(),
+            resource: Some(prost_types::Any {
+                type_url: T.into(),
+                value: vec![b'x'; body_len],
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    fn effects(acquire: &[&str], release: &[&str]) -> RequestEffects {
+        RequestEffects {
+            type_url: T.into(),
+            acquire: acquire.iter().map(|n| Locator::plain(*n)).collect(),
+            release: release.iter().map(|n| Locator::plain(*n)).collect(),
+            ack: AckStatus::None,
+        }
+    }
+
+    fn sub(g: &mut GroupState, stream: StreamId, names: &[&str], now: Instant) {
+        g.apply_effects(stream, &effects(names, &[]), now);
+    }
+
+    fn unsub(g: &mut GroupState, stream: StreamId, names: &[&str], now: Instant) {
+        g.apply_effects(stream, &effects(&[], names), now);
+    }
+
+    fn send(g: &mut GroupState, resources: Vec<Bytes>) -> ChangeSet {
+        g.apply_upstream(
+            T,
+            UpstreamUpdate {
+                resources,
+                ..Default::default()
+            },
+        )
+        .expect("valid response")
+    }
+
+    /// (subscribed, unsubscribed) names of the upstream changes queued since the last call.
+    fn upstream(g: &mut GroupState) -> (Vec<String>, Vec<String>) {
+        let mut out = (vec![], vec![]);
+        for c in g.take_upstream_changes() {
+            out.0.extend(c.subscribe.iter().map(|l| l.name.to_string()));
+            out.1
+                .extend(c.unsubscribe.iter().map(|l| l.name.to_string()));
+        }
+        out
+    }
+
+    fn present(g: &GroupState, name: &str) -> bool {
+        matches!(g.store.lookup(T, name), Lookup::Present(_))
+    }
+
+    fn group(budget: usize) -> GroupState {
+        GroupState::new(LINGER).with_unsubscribed_budget(budget)
+    }
+
+    #[test]
+    fn subscribed_names_are_never_evicted_nor_counted() {
+        let now = Instant::now();
+        let mut g = group(10);
+        sub(&mut g, 1, &["a", "b"], now);
+        upstream(&mut g);
+        send(&mut g, vec![res("a", "1", 500), res("b", "1", 500)]);
+        assert_eq!(g.unsubscribed.bytes(), 0);
+        assert!(present(&g, "a") && present(&g, "b"));
+        assert_eq!(upstream(&mut g), (vec![], vec![]));
+        assert_eq!(g.unsubscribed.evicted_budget, 0);
+    }
+
+    #[test]
+    fn evicts_least_recently_left_past_the_budget_and_forgets_it() {
+        let now = Instant::now();
+        let a = res("a", "1", 100).len();
+        let mut g = group(2 * a + a / 2);
+        sub(&mut g, 1, &["a", "b", "c"], now);
+        send(
+            &mut g,
+            vec![res("a", "1", 100), res("b", "1", 100), res("c", "1", 100)],
+        );
+        upstream(&mut g);
+        unsub(&mut g, 1, &["b"], now);
+        unsub(&mut g, 1, &["a"], now);
+        assert_eq!(g.unsubscribed.bytes(), 2 * a);
+        assert_eq!(
+            upstream(&mut g),
+            (vec![], vec![]),
+            "kept names stay subscribed"
+        );
+        unsub(&mut g, 1, &["c"], now);
+        // b left first, so it goes first: unsubscribed upstream and forgotten in one step (D5).
+        assert_eq!(upstream(&mut g), (vec![], vec!["b".to_string()]));
+        assert!(!present(&g, "b"));
+        assert_eq!(g.store.lookup(T, "b"), Lookup::Unknown);
+        assert!(present(&g, "a") && present(&g, "c"));
+        assert_eq!(g.unsubscribed.bytes(), 2 * a);
+        assert_eq!(g.unsubscribed.evicted_budget, 1);
+    }
+
+    #[test]
+    fn resubscribing_a_kept_name_is_served_without_upstream_traffic() {
+        let now = Instant::now();
+        let mut g = group(1 << 20);
+        sub(&mut g, 1, &["a"], now);
+        send(&mut g, vec![res("a", "1", 10)]);
+        upstream(&mut g);
+        unsub(&mut g, 1, &["a"], now);
+        sub(&mut g, 2, &["a"], now + Duration::from_secs(1));
+        assert_eq!(upstream(&mut g), (vec![], vec![]));
+        assert!(present(&g, "a"));
+        assert_eq!(g.unsubscribed.resubscriptions, 1);
+        assert_eq!((g.unsubscribed.bytes(), g.unsubscribed.len()), (0, 0));
+        // Back in use: the linger no longer applies.
+        g.expire(now + 2 * LINGER);
+        assert!(present(&g, "a"));
+    }
+
+    #[test]
+    fn resubscribing_an_evicted_name_subscribes_upstream_and_waits() {
+        let now = Instant::now();
+        let mut g = group(0);
+        sub(&mut g, 1, &["a"], now);
+        send(&mut g, vec![res("a", "1", 10)]);
+        upstream(&mut g);
+        unsub(&mut g, 1, &["a"], now);
+        assert_eq!(upstream(&mut g), (vec![], vec!["a".to_string()]));
+        sub(&mut g, 2, &["a"], now);
+        assert_eq!(upstream(&mut g), (vec!["a".to_string()], vec![]));
+        assert_eq!(g.store.lookup(T, "a"), Lookup::Unknown);
+        assert_eq!(g.unsubscribed.resubscriptions, 0);
+    }
+
+    #[test]
+    fn linger_is_the_longest_stay() {
+        let now = Instant::now();
+        let mut g = group(1 << 20);
+        sub(&mut g, 1, &["a"], now);
+        send(&mut g, vec![res("a", "1", 10)]);
+        upstream(&mut g);
+        unsub(&mut g, 1, &["a"], now);
+        g.expire(now + LINGER - Duration::from_secs(1));
+        assert!(present(&g, "a"));
+        g.expire(now + LINGER);
+        assert_eq!(upstream(&mut g), (vec![], vec!["a".to_string()]));
+        assert!(!present(&g, "a"));
+        assert_eq!(g.unsubscribed.evicted_linger, 1);
+        assert!(g.unsubscribed.is_empty());
+    }
+
+    #[test]
+    fn updates_while_kept_are_reaccounted_and_may_evict() {
+        let now = Instant::now();
+        let small = res("a", "1", 10).len();
+        let big = res("a", "2", 1000).len();
+        let mut g = group(2 * small + 10);
+        sub(&mut g, 1, &["a", "b"], now);
+        send(&mut g, vec![res("a", "1", 10), res("b", "1", 10)]);
+        upstream(&mut g);
+        unsub(&mut g, 1, &["a", "b"], now);
+        assert_eq!(g.unsubscribed.bytes(), 2 * small);
+        // `a` grows past the budget; it left first, so it goes.
+        let c = send(&mut g, vec![res("a", "2", 1000)]);
+        assert!(big > g.unsubscribed.budget());
+        assert_eq!(c.names, vec![Name::from("a")]);
+        assert_eq!(upstream(&mut g), (vec![], vec!["a".to_string()]));
+        assert!(!present(&g, "a"));
+        assert_eq!(g.unsubscribed.bytes(), small);
+        // An update that shrinks a kept name is accounted too.
+        send(&mut g, vec![res("b", "2", 0)]);
+        assert_eq!(g.unsubscribed.bytes(), res("b", "2", 0).len());
+    }
+
+    #[test]
+    fn a_kept_name_whose_ttl_ran_out_holds_nothing() {
+        let t0 = Instant::now();
+        let mut g = group(1 << 20);
+        sub(&mut g, 1, &["a"], t0);
+        let mut with_ttl = Resource::decode(res("a", "1", 100)).expect("valid");
+        with_ttl.ttl = Some(prost_types::Duration {
+            seconds: 5,
+            nanos: 0,
+        });
+        g.apply_upstream(
+            T,
+            UpstreamUpdate {
+                resources: vec![with_ttl.encode_to_vec().into()],
+                received_at: Some(t0),
+                ..Default::default()
+            },
+        )
+        .expect("valid response");
+        unsub(&mut g, 1, &["a"], t0);
+        assert!(g.unsubscribed.bytes() > 100);
+        g.expire(t0 + Duration::from_secs(5));
+        assert_eq!((g.unsubscribed.len(), g.unsubscribed.bytes()), (1, 0));
+    }
+
+    #[test]
+    fn a_wildcard_subscriber_protects_its_types_names() {
+        let now = Instant::now();
+        let mut g = group(1);
+        sub(&mut g, 1, &["*"], now);
+        sub(&mut g, 2, &["a"], now);
+        send(&mut g, vec![res("a", "1", 100), res("b", "1", 100)]);
+        upstream(&mut g);
+        unsub(&mut g, 2, &["a"], now);
+        assert_eq!(g.unsubscribed.bytes(), 0);
+        assert!(present(&g, "a") && present(&g, "b"));
+        assert_eq!(upstream(&mut g), (vec![], vec![]));
+        // The wildcard leaves too: now everything it kept is over the budget of 1 byte.
+        unsub(&mut g, 1, &["*"], now);
+        let (_, unsubscribed) = upstream(&mut g);
+        assert_eq!(unsubscribed, vec!["*".to_string(), "a".to_string()]);
+        assert!(!present(&g, "a") && !present(&g, "b"));
+        assert!(
+            !g.store.wildcard_synced(T),
+            "a lapsed wildcard is not synced any more"
+        );
+        assert_eq!(g.unsubscribed.bytes(), 0);
+    }
+
+    #[test]
+    fn a_lingering_wildcard_is_kept_and_accounted_as_one_entry() {
+        let now = Instant::now();
+        let one = res("a", "1", 100).len();
+        let mut g = group(10 * one);
+        sub(&mut g, 1, &["*"], now);
+        upstream(&mut g);
+        send(&mut g, vec![res("a", "1", 100), res("b", "1", 100)]);
+        unsub(&mut g, 1, &["*"], now);
+        assert_eq!((g.unsubscribed.len(), g.unsubscribed.bytes()), (1, 2 * one));
+        // Names the upstream sends under the kept wildcard are accounted to it.
+        send(&mut g, vec![res("c", "1", 100)]);
+        assert_eq!(g.unsubscribed.bytes(), 3 * one);
+        sub(&mut g, 2, &["*"], now);
+        assert_eq!(upstream(&mut g), (vec![], vec![]));
+        assert!(
+            g.store.wildcard_synced(T),
+            "served from the kept wildcard at once"
+        );
+        assert_eq!(g.unsubscribed.resubscriptions, 1);
+        assert!(g.unsubscribed.is_empty());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Sub(u8, u8),
+        Unsub(u8, u8),
+        /// The control plane changes a name (body size); it sends it if the name is subscribed
+        /// upstream, or anyway (unsolicited) if the flag is set.
+        Update(u8, u16, bool),
+        Tick(u8),
+        /// The upstream task sends the queued changes; the control plane answers new subscriptions.
+        Flush,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        // Name 0 is the wildcard.
+        prop_oneof![
+            (0u8..3, 0u8..6).prop_map(|(s, n)| Op::Sub(s, n)),
+            (0u8..3, 0u8..6).prop_map(|(s, n)| Op::Unsub(s, n)),
+            (1u8..6, 0u16..300, any::<bool>()).prop_map(|(n, l, f)| Op::Update(n, l, f)),
+            (0u8..40).prop_map(Op::Tick),
+            Just(Op::Flush),
+        ]
+    }
+
+    fn nm(n: u8) -> String {
+        if n == 0 {
+            WILDCARD.to_string()
+        } else {
+            format!("r{n}")
+        }
+    }
+
+    /// The control plane: its resources and what the relay subscribes to on its stream.
+    #[derive(Default)]
+    struct ControlPlane {
+        content: HashMap<String, (String, usize)>,
+        subscribed: BTreeSet<String>,
+    }
+
+    impl ControlPlane {
+        fn covers(&self, name: &str) -> bool {
+            self.subscribed.contains(name) || self.subscribed.contains(WILDCARD)
+        }
+
+        /// Takes the relay's queued changes and answers every new subscription (as go-control-plane
+        /// does: a name already subscribed is not resent), until nothing is queued.
+        fn flush(&mut self, g: &mut GroupState) {
+            loop {
+                let changes = g.take_upstream_changes();
+                if changes.is_empty() {
+                    return;
+                }
+                for c in changes {
+                    for l in c.unsubscribe {
+                        self.subscribed.remove(&*l.name);
+                    }
+                    let mut new = Vec::new();
+                    for l in c.subscribe {
+                        if self.subscribed.insert(l.name.to_string()) {
+                            new.push(l.name.to_string());
+                        }
+                    }
+                    let send_all = new.iter().any(|n| n == WILDCARD);
+                    let answer: Vec<Bytes> = self
+                        .content
+                        .iter()
+                        .filter(|(n, _)| send_all || new.contains(n))
+                        .map(|(n, (v, len))| res(n, v, *len))
+                        .collect();
+                    if !answer.is_empty() {
+                        send(g, answer);
+                    }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// Whatever the sequence: the set stays within its budget and holds no subscribed name;
+        /// its byte count is the sum of what its entries keep; nothing is served for a name whose
+        /// upstream subscription lapsed (D5); and once the queued changes went out, every
+        /// subscribed name the control plane has is served at its current version.
+        #[test]
+        fn budget_and_d5_hold(ops in proptest::collection::vec(op(), 1..150), budget in 0usize..1200) {
+            let mut now = Instant::now();
+            let mut g = GroupState::new(Duration::from_secs(20)).with_unsubscribed_budget(budget);
+            let mut held: [BTreeSet<String>; 3] = Default::default();
+            let mut cp = ControlPlane::default();
+            let mut version = 0u32;
+            for op in ops {
+                let mut flushed = false;
+                match op {
+                    Op::Sub(s, n) => {
+                        if held[s as usize].insert(nm(n)) {
+                            sub(&mut g, s.into(), &[&nm(n)], now);
+                        }
+                    }
+                    Op::Unsub(s, n) => {
+                        if held[s as usize].remove(&nm(n)) {
+                            unsub(&mut g, s.into(), &[&nm(n)], now);
+                        }
+                    }
+                    Op::Tick(secs) => {
+                        now += Duration::from_secs(secs.into());
+                        g.expire(now);
+                    }
+                    Op::Update(n, len, force) => {
+                        let name = nm(n);
+                        version += 1;
+                        let v = version.to_string();
+                        cp.content.insert(name.clone(), (v.clone(), len.into()));
+                        if cp.covers(&name) || force {
+                            send(&mut g, vec![res(&name, &v, len.into())]);
+                        }
+                    }
+                    Op::Flush => {
+                        cp.flush(&mut g);
+                        flushed = true;
+                    }
+                }
+
+                prop_assert!(g.unsubscribed.bytes() <= budget);
+                let recount: usize = g.unsubscribed.names_of_type(T).iter().map(|n| {
+                    if &**n == WILDCARD {
+                        g.store.names(T).filter(|m| !g.interest.wants(T, m)).map(|m| g.store.name_bytes(T, m)).sum()
+                    } else {
+                        g.store.name_bytes(T, n)
+                    }
+                }).sum();
+                prop_assert_eq!(recount, g.unsubscribed.bytes());
+                let wanted: BTreeSet<&String> = held.iter().flatten().collect();
+                let wildcard_wanted = wanted.contains(&WILDCARD.to_string());
+                for n in 0..6 {
+                    let name = nm(n);
+                    let key = Name::from(name.as_str());
+                    if wanted.contains(&name) || (n > 0 && wildcard_wanted) {
+                        prop_assert!(!g.unsubscribed.contains(T, &key), "{} subscribed but in the set", name);
+                    }
+                    if n == 0 {
+                        continue;
+                    }
+                    let lookup = g.store.lookup(T, &name);
+                    // The relay's view at every step; the control plane's once changes went out.
+                    let relay_holds = g.interest.wants(T, &name) || g.interest.is_wildcard(T);
+                    if !relay_holds || (flushed && !cp.covers(&name)) {
+                        prop_assert_eq!(&lookup, &Lookup::Unknown, "{} served after its subscription lapsed", name);
+                    }
+                    if flushed && (wanted.contains(&name) || wildcard_wanted) {
+                        if let Some((v, _)) = cp.content.get(&name) {
+                            prop_assert!(matches!(lookup, Lookup::Present(r) if &r.version == v), "subscribed {} not served at {}", name, v);
+                        }
+                    }
+                }
+            }
+        }
     }
 }

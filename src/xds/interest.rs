@@ -19,6 +19,8 @@ struct TypeInterest {
     refs: HashMap<Locator, u32>,
     /// Locators per name, for `wants(name)`.
     names: HashMap<Name, u32>,
+    /// Locators per name with a downstream reference (not lingering), for `referenced(name)`.
+    referenced: HashMap<Name, u32>,
     /// Locators nobody wants any more, kept subscribed upstream until the deadline (C15).
     lingering: HashMap<Locator, Instant>,
     /// Changes not yet sent upstream.
@@ -39,11 +41,15 @@ impl TypeInterest {
     }
 
     fn count_name(&mut self, name: &Name, delta: i32) {
-        let c = self.names.entry(name.clone()).or_insert(0);
-        *c = c.saturating_add_signed(delta);
-        if *c == 0 {
-            self.names.remove(name);
-        }
+        bump(&mut self.names, name, delta);
+    }
+}
+
+fn bump(map: &mut HashMap<Name, u32>, name: &Name, delta: i32) {
+    let c = map.entry(name.clone()).or_insert(0);
+    *c = c.saturating_add_signed(delta);
+    if *c == 0 {
+        map.remove(name);
     }
 }
 
@@ -83,9 +89,14 @@ impl Interest {
         if *count > 1 {
             return;
         }
+        bump(&mut ti.referenced, &locator.name, 1);
         if ti.lingering.remove(locator).is_none() {
             ti.count_name(&locator.name, 1);
-            if !ti.unsubscribe.remove(locator) {
+            if ti.unsubscribe.remove(locator) {
+                // Still subscribed upstream, but the store already forgot it (D5): the upstream
+                // must send it again, which only unsubscribe+subscribe guarantees (C3).
+                ti.resubscribe.insert(locator.clone());
+            } else {
                 ti.subscribe.insert(locator.clone());
             }
         }
@@ -105,6 +116,7 @@ impl Interest {
             return;
         }
         ti.refs.remove(locator);
+        bump(&mut ti.referenced, &locator.name, -1);
         if self.linger.is_zero() {
             Self::drop_upstream(ti, locator);
         } else {
@@ -120,6 +132,32 @@ impl Interest {
         if !ti.subscribe.remove(locator) {
             ti.unsubscribe.insert(locator.clone());
         }
+    }
+
+    /// Ends the linger of every locator of `name` now (the unsubscribed set evicted it): their
+    /// upstream unsubscribes are queued.
+    pub fn drop_lingering(&mut self, type_url: &str, name: &str) {
+        let Some(ti) = self.types.get_mut(type_url) else {
+            return;
+        };
+        let dropped: Vec<Locator> = ti
+            .lingering
+            .keys()
+            .filter(|l| &*l.name == name)
+            .cloned()
+            .collect();
+        for l in &dropped {
+            ti.lingering.remove(l);
+            Self::drop_upstream(ti, l);
+        }
+    }
+
+    /// Names with at least one lingering locator (held upstream, wanted by no client).
+    pub fn lingering_names(&self, type_url: &str) -> Vec<Name> {
+        self.types
+            .get(type_url)
+            .map(|t| t.lingering.keys().map(|l| l.name.clone()).collect())
+            .unwrap_or_default()
     }
 
     /// The relay holds `locator` upstream but must see its content again (a `do_not_cache`
@@ -282,6 +320,13 @@ impl Interest {
     /// Whether `"*"` has gone out upstream, so a response now may be the wildcard's answer.
     pub fn wildcard_sent(&self, type_url: &str) -> bool {
         self.types.get(type_url).is_some_and(|t| t.wildcard_sent)
+    }
+
+    /// Whether a downstream client subscribes to some locator of `name` (lingering ones aside).
+    pub fn referenced(&self, type_url: &str, name: &str) -> bool {
+        self.types
+            .get(type_url)
+            .is_some_and(|t| t.referenced.contains_key(name))
     }
 
     pub fn is_wildcard(&self, type_url: &str) -> bool {
@@ -447,6 +492,22 @@ mod tests {
         i.received(T, "foo");
         i.expire(t0 + REFETCH_FALLBACK * 2);
         assert!(i.take_changes().is_empty());
+    }
+
+    #[test]
+    fn reacquire_before_a_queued_unsubscribe_went_out_refetches() {
+        let mut i = Interest::new(Duration::ZERO);
+        i.acquire(T, &n("a"));
+        i.take_changes();
+        i.release(T, &n("a"), Instant::now());
+        i.acquire(T, &n("a"));
+        let c = i.take_changes();
+        assert_eq!(
+            c.iter()
+                .map(|c| (c.subscribe.clone(), c.unsubscribe.clone()))
+                .collect::<Vec<_>>(),
+            vec![(vec![], vec![n("a")]), (vec![n("a")], vec![])]
+        );
     }
 
     #[test]

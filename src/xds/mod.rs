@@ -4,7 +4,8 @@
 //! - [`store`]: one group's resources per type, and what the upstream said does not exist.
 //! - [`interest`]: the refcounted union of downstream interest -> upstream subscribe/unsubscribe.
 //! - [`delta`]: the per-stream Delta state machine: requests and changes in, responses out.
-//! - [`group`]: one aggregation group's store, interest and subscriber index together.
+//! - [`group`]: one aggregation group's store, interest, subscriber index and unsubscribed set.
+//! - [`unsubscribed`]: names no client wants any more, kept fresh within a byte budget (LRU).
 
 pub mod constraints;
 pub mod delta;
@@ -14,6 +15,7 @@ pub mod resource;
 pub mod sotw;
 pub mod store;
 pub mod stream;
+pub mod unsubscribed;
 
 pub use delta::{AckStatus, DeltaStream, ProtocolError, RequestEffects};
 pub use group::{GroupState, StreamId};

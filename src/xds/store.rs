@@ -223,6 +223,14 @@ impl Store {
             .map(|e| e.variants.contains_key(key))
     }
 
+    /// Encoded bytes of every variant held for `name` (what keeping it costs).
+    pub fn name_bytes(&self, type_url: &str, name: &str) -> usize {
+        self.types
+            .get(type_url)
+            .and_then(|t| t.names.get(name))
+            .map_or(0, |e| e.variants.values().map(|r| r.encoded.len()).sum())
+    }
+
     /// The error the upstream reported for a name, if any and not yet cleared by the resource.
     pub fn error(&self, type_url: &str, name: &str) -> Option<&ResourceErrorProto> {
         self.types

@@ -81,6 +81,11 @@ pub fn res(name: &str, version: &str, type_url: &str) -> Vec<u8> {
 
 impl Harness {
     pub async fn start() -> Harness {
+        Self::start_with(|_| {}).await
+    }
+
+    /// [`Harness::start`] with `adjust` applied to the relay's config after the harness defaults.
+    pub async fn start_with(adjust: impl FnOnce(&mut adsrelay::config::Config)) -> Harness {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (rtx, rrx) = mpsc::unbounded_channel();
@@ -97,7 +102,11 @@ impl Harness {
                 .add_service(svc)
                 .serve_with_incoming(TcpListenerStream::new(listener)),
         );
-        let relay = RelayUnderTest::start_with(addr, |c| c.max_message_bytes = 64 * 1024).await;
+        let relay = RelayUnderTest::start_with(addr, |c| {
+            c.max_message_bytes = 64 * 1024;
+            adjust(c);
+        })
+        .await;
         Harness {
             cp,
             requests: UnboundedReceiverStream::new(rrx),
