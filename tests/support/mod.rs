@@ -230,11 +230,20 @@ impl DeltaClient {
     pub async fn try_connect(
         addr: SocketAddr,
         node: Option<Node>,
-        mut first: DeltaDiscoveryRequest,
+        first: DeltaDiscoveryRequest,
     ) -> Result<DeltaClient, tonic::Status> {
-        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
+        let client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
             .await
             .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        Self::try_open(client, node, first).await
+    }
+
+    /// Opens a stream on an existing client (e.g. one over TLS).
+    pub async fn try_open(
+        mut client: AggregatedDiscoveryServiceClient<tonic::transport::Channel>,
+        node: Option<Node>,
+        mut first: DeltaDiscoveryRequest,
+    ) -> Result<DeltaClient, tonic::Status> {
         let (tx, rx) = mpsc::channel(16);
         first.node = node.clone();
         tx.send(first).await.unwrap();
