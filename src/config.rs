@@ -105,6 +105,40 @@ pub struct RelayArgs {
     /// A snapshot older than this is not loaded [default: 1h]
     #[arg(long, value_name = "DURATION")]
     pub snapshot_max_staleness: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS flags (README "TLS and mTLS"); each has a config file key with underscores.
+#[derive(Debug, Default, Args)]
+pub struct TlsArgs {
+    /// Serve downstream xDS over TLS with this PEM certificate chain (needs --tls-key)
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this PEM CA bundle (mTLS)
+    #[arg(long, value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// How often the TLS files are checked for changes [default: 10s]
+    #[arg(long, value_name = "DURATION")]
+    pub tls_reload_interval: Option<String>,
+    /// Connect to the upstream over TLS (implied by an https:// address)
+    #[arg(long)]
+    pub upstream_tls: bool,
+    /// PEM CA bundle that verifies the upstream's certificate [default: the system roots]
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
+    /// PEM client certificate presented upstream (mTLS; needs --upstream-key)
+    #[arg(long, value_name = "FILE")]
+    pub upstream_cert: Option<PathBuf>,
+    /// PEM private key of --upstream-cert
+    #[arg(long, value_name = "FILE")]
+    pub upstream_key: Option<PathBuf>,
+    /// Name sent as SNI and required in the upstream's certificate [default: the address's host]
+    #[arg(long, value_name = "NAME")]
+    pub upstream_server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -166,6 +200,17 @@ struct FileConfig {
     snapshot_path: Option<PathBuf>,
     snapshot_interval: Option<String>,
     snapshot_max_staleness: Option<String>,
+    // TLS; see `apply_tls`.
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
+    tls_reload_interval: Option<String>,
+    tls_authorization: Option<Vec<crate::tls::AuthorizationRule>>,
+    upstream_tls: Option<bool>,
+    upstream_ca: Option<PathBuf>,
+    upstream_cert: Option<PathBuf>,
+    upstream_key: Option<PathBuf>,
+    upstream_server_name: Option<String>,
 }
 
 /// Validated relay configuration.
@@ -193,6 +238,12 @@ pub struct Config {
     pub resilience: Resilience,
     /// Warm restart from a cache snapshot (README "Warm restart"); `None` = off.
     pub snapshot: Option<SnapshotConfig>,
+    /// Downstream TLS (None: plaintext), its certificates loaded and reloadable.
+    pub tls: Option<std::sync::Arc<crate::tls::ServerTls>>,
+    /// Which client identities may join which groups (empty: any client may join any group).
+    pub tls_authorization: crate::tls::Authorization,
+    /// Upstream TLS settings for `https://` upstreams.
+    pub upstream_tls: crate::tls::UpstreamTls,
 }
 
 /// Where the cache snapshot lives, how often it is written and how old it may be when loaded.
@@ -313,6 +364,9 @@ impl Config {
             grouping: GroupingConfig::default(),
             resilience: Resilience::default(),
             snapshot: None,
+            tls: None,
+            tls_authorization: Default::default(),
+            upstream_tls: Default::default(),
         }
     }
 }
@@ -567,6 +621,18 @@ impl RelayArgs {
                 &path,
             ),
         )?;
+        let file_tls = FileTls {
+            tls_cert: file.tls_cert,
+            tls_key: file.tls_key,
+            tls_client_ca: file.tls_client_ca,
+            tls_reload_interval: file.tls_reload_interval,
+            tls_authorization: file.tls_authorization,
+            upstream_tls: file.upstream_tls,
+            upstream_ca: file.upstream_ca,
+            upstream_cert: file.upstream_cert,
+            upstream_key: file.upstream_key,
+            upstream_server_name: file.upstream_server_name,
+        };
         let upstream_from_flag = upstream.origin.starts_with("--");
         apply_groups_and_resilience(
             &mut cfg,
@@ -583,8 +649,193 @@ impl RelayArgs {
             },
             &path,
         )?;
+        apply_tls(&mut cfg, self.tls, file_tls, &path)?;
         Ok(cfg)
     }
+}
+
+/// The config file's TLS keys.
+struct FileTls {
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
+    tls_reload_interval: Option<String>,
+    tls_authorization: Option<Vec<crate::tls::AuthorizationRule>>,
+    upstream_tls: Option<bool>,
+    upstream_ca: Option<PathBuf>,
+    upstream_cert: Option<PathBuf>,
+    upstream_key: Option<PathBuf>,
+    upstream_server_name: Option<String>,
+}
+
+/// Downstream and upstream TLS (README "TLS and mTLS"): flags over file keys; the files are read
+/// and checked now, so a bad one is a startup error naming the setting and the file.
+fn apply_tls(
+    cfg: &mut Config,
+    args: TlsArgs,
+    file: FileTls,
+    path: &str,
+) -> Result<(), ConfigError> {
+    use crate::tls::{ClientTlsSettings, ServerTls, ServerTlsSettings, UpstreamTls};
+    let tls_error =
+        |origin: &str, e: crate::tls::TlsError| invalid(origin, e.field(), e.to_string());
+    let cert = pick(args.tls_cert, "tls-cert", file.tls_cert, path);
+    let key = pick(args.tls_key, "tls-key", file.tls_key, path);
+    let client_ca = pick(
+        args.tls_client_ca,
+        "tls-client-ca",
+        file.tls_client_ca,
+        path,
+    );
+    let reload = pick(
+        args.tls_reload_interval,
+        "tls-reload-interval",
+        file.tls_reload_interval,
+        path,
+    );
+    let reload_interval = match reload {
+        Some(s) => {
+            let d = parse_duration(&s.value)
+                .map_err(|m| invalid(&s.origin, "tls_reload_interval", m))?;
+            if d.is_zero() {
+                return Err(invalid(
+                    &s.origin,
+                    "tls_reload_interval",
+                    "must be more than 0s",
+                ));
+            }
+            d
+        }
+        None => Duration::from_secs(10),
+    };
+    match (cert, key) {
+        (Some(cert), Some(key)) => {
+            let settings = ServerTlsSettings {
+                cert: cert.value,
+                key: key.value,
+                client_ca: client_ca.map(|c| c.value),
+                reload_interval,
+            };
+            cfg.tls = Some(ServerTls::new(settings).map_err(|e| tls_error(&cert.origin, e))?);
+        }
+        (Some(s), None) => return Err(invalid(&s.origin, "tls_key", "required with tls_cert")),
+        (None, Some(s)) => return Err(invalid(&s.origin, "tls_cert", "required with tls_key")),
+        (None, None) => {
+            if let Some(s) = client_ca {
+                return Err(invalid(
+                    &s.origin,
+                    "tls_client_ca",
+                    "needs tls_cert and tls_key",
+                ));
+            }
+        }
+    }
+    if let Some(rules) = file.tls_authorization {
+        let mtls = cfg
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.settings().client_ca.is_some());
+        if !rules.is_empty() && !mtls {
+            return Err(invalid(
+                path,
+                "tls_authorization",
+                "needs mTLS: set tls_cert, tls_key and tls_client_ca",
+            ));
+        }
+        for (i, r) in rules.iter().enumerate() {
+            if r.identity.is_empty() || r.groups.iter().any(String::is_empty) {
+                return Err(invalid(
+                    path,
+                    "tls_authorization",
+                    format!(
+                        "[[tls_authorization]] #{}: identity and groups must not be empty",
+                        i + 1
+                    ),
+                ));
+            }
+        }
+        cfg.tls_authorization.rules = rules;
+    }
+    let upstream_tls = args.upstream_tls || file.upstream_tls.unwrap_or(false);
+    let ca = pick(args.upstream_ca, "upstream-ca", file.upstream_ca, path);
+    let cert = pick(
+        args.upstream_cert,
+        "upstream-cert",
+        file.upstream_cert,
+        path,
+    );
+    let key = pick(args.upstream_key, "upstream-key", file.upstream_key, path);
+    let server_name = pick(
+        args.upstream_server_name,
+        "upstream-server-name",
+        file.upstream_server_name,
+        path,
+    );
+    // Where each setting came from, for errors about its file.
+    let origin_of = |field: &str| {
+        let s = match field {
+            "upstream_ca" => ca.as_ref().map(|s| &s.origin),
+            "upstream_cert" => cert.as_ref().map(|s| &s.origin),
+            "upstream_key" => key.as_ref().map(|s| &s.origin),
+            _ => server_name.as_ref().map(|s| &s.origin),
+        };
+        s.cloned().unwrap_or_else(|| path.to_string())
+    };
+    match (&cert, &key) {
+        (Some(s), None) => {
+            return Err(invalid(
+                &s.origin,
+                "upstream_key",
+                "required with upstream_cert",
+            ))
+        }
+        (None, Some(s)) => {
+            return Err(invalid(
+                &s.origin,
+                "upstream_cert",
+                "required with upstream_key",
+            ))
+        }
+        _ => {}
+    }
+    let settings = ClientTlsSettings {
+        ca: ca.as_ref().map(|s| s.value.clone()),
+        cert: cert.as_ref().map(|s| s.value.clone()),
+        key: key.as_ref().map(|s| s.value.clone()),
+        server_name: server_name.as_ref().map(|s| s.value.clone()),
+    };
+    let upstream_tls = upstream_tls
+        || cfg
+            .upstreams
+            .iter()
+            .any(|u| u.scheme_str() == Some("https"));
+    if upstream_tls {
+        // tonic speaks TLS to https:// addresses only.
+        for u in &mut cfg.upstreams {
+            *u = with_https(u);
+        }
+        cfg.upstream = with_https(&cfg.upstream);
+        let host = cfg.upstream.host().unwrap_or_default().to_string();
+        settings
+            .load(&host)
+            .map_err(|e| tls_error(&origin_of(e.field()), e))?;
+    } else if settings != ClientTlsSettings::default() {
+        return Err(invalid(
+            &origin_of(""),
+            "upstream_tls",
+            "upstream_ca, upstream_cert, upstream_key and upstream_server_name need upstream_tls \
+             = true or an https:// upstream",
+        ));
+    }
+    cfg.upstream_tls = UpstreamTls::new(settings);
+    Ok(())
+}
+
+/// `uri` with the https scheme.
+fn with_https(uri: &http::Uri) -> http::Uri {
+    let mut parts = uri.clone().into_parts();
+    parts.scheme = Some(http::uri::Scheme::HTTPS);
+    http::Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
 }
 
 /// The config file keys of "Groups and resilience" (issue 5).

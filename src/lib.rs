@@ -29,6 +29,7 @@ pub mod pb;
 pub mod relay;
 pub mod snapshot;
 pub mod sync;
+pub mod tls;
 pub mod token_bucket;
 pub mod upstream;
 pub mod xds;
@@ -107,11 +108,28 @@ pub async fn run(
         drain.run(period).await;
         let _ = served_tx.send(());
     };
-    let serve =
+    let router =
         downstream::services::add_all(&mut server, relay.clone(), relay.config.max_message_bytes)
-            .add_service(csds::Csds::server(relay.clone()))
-            .serve_with_incoming_shutdown(incoming, drained);
-    tokio::pin!(serve);
+            .add_service(csds::Csds::server(relay.clone()));
+    type Serving =
+        std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+    let mut serve: Serving = match relay.config.tls.clone() {
+        None => Box::pin(router.serve_with_incoming_shutdown(incoming, drained)),
+        // TLS: handshakes run beside the accept loop; accepted connections stay counted (and
+        // drainable) through their CountedIo.
+        Some(tls) => {
+            let reloads = relay.clone();
+            tokio::spawn(
+                tls.clone()
+                    .watch(move |r| reloads.metrics.tls_reloaded(r), stop_rx.clone()),
+            );
+            let failures = relay.clone();
+            let incoming = tls::accept(incoming, tls, move |f| {
+                failures.metrics.tls_handshake_failed(f)
+            });
+            Box::pin(router.serve_with_incoming_shutdown(incoming, drained))
+        }
+    };
     let result = tokio::select! {
         r = &mut serve => r,
         _ = async {

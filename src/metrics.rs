@@ -51,6 +51,8 @@ pub mod name {
     pub const CACHE_BYTES: &str = "adsrelay_cache_bytes";
     pub const CACHE_HITS: &str = "adsrelay_cache_hits_total";
     pub const CACHE_MISSES: &str = "adsrelay_cache_misses_total";
+    pub const TLS_HANDSHAKE_FAILURES: &str = "adsrelay_tls_handshake_failures_total";
+    pub const TLS_CERTIFICATE_RELOADS: &str = "adsrelay_tls_certificate_reloads_total";
     pub const UPSTREAM_CONNECTED: &str = "adsrelay_upstream_connected";
     pub const UPSTREAM_SUBSCRIPTIONS: &str = "adsrelay_upstream_subscriptions";
     pub const UPSTREAM_CONNECTS: &str = "adsrelay_upstream_connects_total";
@@ -128,6 +130,14 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         name::CACHE_MISSES,
         "New downstream subscriptions that had to wait for the upstream (name or wildcard not known yet), by type.",
+    ),
+    (
+        name::TLS_HANDSHAKE_FAILURES,
+        "Downstream TLS handshakes that failed, by reason (no_client_certificate, bad_client_certificate, client_alert, protocol, timeout, io).",
+    ),
+    (
+        name::TLS_CERTIFICATE_RELOADS,
+        "Changes of the downstream TLS files seen, by result: applied, or failed (the previous certificate stays in use).",
     ),
     (name::UPSTREAM_CONNECTED, "1 while the group's upstream Delta ADS stream is open, else 0."),
     (
@@ -229,10 +239,12 @@ pub enum Rejection {
     Admission,
     /// The node matches no `[[groups]]` rule and `unmatched = "reject"`.
     NoGroup,
+    /// The client's certificate identity may not join the node's group (`tls_authorization`).
+    Unauthorized,
 }
 
 impl Rejection {
-    pub const ALL: [Rejection; 11] = [
+    pub const ALL: [Rejection; 12] = [
         Rejection::MissingNode,
         Rejection::InvalidRequest,
         Rejection::MalformedRequest,
@@ -244,6 +256,7 @@ impl Rejection {
         Rejection::StuckClient,
         Rejection::Admission,
         Rejection::NoGroup,
+        Rejection::Unauthorized,
     ];
 
     pub fn label(self) -> &'static str {
@@ -259,6 +272,7 @@ impl Rejection {
             Rejection::StuckClient => "stuck_client",
             Rejection::Admission => "admission",
             Rejection::NoGroup => "no_group",
+            Rejection::Unauthorized => "unauthorized",
         }
     }
 }
@@ -334,6 +348,8 @@ pub struct Metrics {
     rejected: [Counter; Rejection::ALL.len()],
     connections_rejected: Counter,
     connections_accepted: Counter,
+    tls_handshake_failures: [Counter; crate::tls::HandshakeFailure::ALL.len()],
+    tls_reloads: [Counter; 2],
     fanout: Histogram,
     /// Open downstream connections (kept by [`CountedIo`]).
     pub connections: Arc<AtomicI64>,
@@ -388,6 +404,14 @@ impl Metrics {
         });
         let connections_accepted = counter(name::DOWNSTREAM_CONNECTIONS_ACCEPTED, vec![]);
         let connections_rejected = counter(name::DOWNSTREAM_CONNECTIONS_REJECTED, vec![]);
+        let tls_handshake_failures = crate::tls::HandshakeFailure::ALL.map(|f| {
+            counter(
+                name::TLS_HANDSHAKE_FAILURES,
+                vec![Label::new("reason", f.label())],
+            )
+        });
+        let tls_reloads = ["applied", "failed"]
+            .map(|r| counter(name::TLS_CERTIFICATE_RELOADS, vec![Label::new("result", r)]));
         let fanout = recorder.register_histogram(&Key::from_name(name::FANOUT_LATENCY), &METADATA);
         recorder
             .register_gauge(
@@ -407,6 +431,8 @@ impl Metrics {
             rejected,
             connections_rejected,
             connections_accepted,
+            tls_handshake_failures,
+            tls_reloads,
             fanout,
             connections: Arc::new(AtomicI64::new(0)),
             seen_gauges: Mutex::new(HashSet::new()),
@@ -467,6 +493,14 @@ impl Metrics {
     /// A connection closed at once because `max_connections` were open.
     pub fn connection_rejected(&self) {
         self.connections_rejected.increment(1);
+    }
+
+    pub fn tls_handshake_failed(&self, reason: crate::tls::HandshakeFailure) {
+        self.tls_handshake_failures[reason as usize].increment(1);
+    }
+
+    pub fn tls_reloaded(&self, result: crate::tls::Reload) {
+        self.tls_reloads[result as usize].increment(1);
     }
 
     pub fn connection_accepted(&self) {

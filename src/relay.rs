@@ -319,6 +319,29 @@ impl Relay {
 impl StreamHost for Relay {
     type Session = Arc<Group>;
 
+    /// `tls_authorization`: the client's certificate identity must be allowed the group its node
+    /// maps to (the rule's group name, before any digest suffix).
+    fn authorize(
+        &self,
+        node: &Node,
+        peer: Option<&crate::tls::PeerIdentity>,
+    ) -> Result<(), Status> {
+        let auth = &self.config.tls_authorization;
+        if !auth.is_enabled() {
+            return Ok(());
+        }
+        // Unmatched nodes are refused by `open`.
+        let Some(a) = self.grouping.assign(node) else {
+            return Ok(());
+        };
+        auth.check(peer, &a.name).map_err(|message| {
+            self.metrics.stream_rejected(Rejection::Unauthorized);
+            warn!(node_id = %node.id, group = %a.name, peer = ?peer.and_then(|p| p.remote_addr),
+                "{message}");
+            Status::permission_denied(message)
+        })
+    }
+
     fn open(&self, id: StreamId, node: &Node, mailbox: Arc<Mailbox>) -> Result<Arc<Group>, Status> {
         if self.drain.is_draining() {
             return Err(Status::unavailable(

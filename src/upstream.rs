@@ -34,7 +34,7 @@ const MAX_NACK_MESSAGE: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 enum SessionError {
-    #[error("connect: {0}")]
+    #[error("connect: {}", error_chain(.0))]
     Connect(#[from] tonic::transport::Error),
     #[error("stream: {0}")]
     Stream(#[from] tonic::Status),
@@ -46,20 +46,54 @@ enum SessionError {
     Resync,
 }
 
+/// An error with its sources: tonic's transport error alone says only "transport error", the
+/// cause (refused connection, TLS certificate not valid for the name...) is in its sources.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        // Wrappers (io::Error around a rustls error) often repeat their cause's text.
+        let part = s.to_string();
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}
+
 pub fn endpoint(config: &Config) -> Endpoint {
     endpoint_for(config, &config.upstream)
 }
 
 /// The endpoint for one control-plane address. Every session builds a new channel from it, and a
 /// channel resolves the host name when it connects, so each reconnect re-resolves DNS.
+/// For an https:// address the TLS files are read here, so a rotated certificate is used from
+/// the next session on.
 pub fn endpoint_for(config: &Config, uri: &http::Uri) -> Endpoint {
     let r = &config.resilience;
-    Endpoint::from(uri.clone())
+    let endpoint = Endpoint::from(uri.clone())
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(r.upstream_keepalive_interval)
         .keep_alive_timeout(r.upstream_keepalive_timeout)
-        .keep_alive_while_idle(true)
+        .keep_alive_while_idle(true);
+    if uri.scheme_str() != Some("https") {
+        return endpoint;
+    }
+    let tls = config
+        .upstream_tls
+        .client_config(uri.host().unwrap_or_default());
+    match tls.map(|tls| endpoint.clone().tls_config(tls)) {
+        Some(Ok(with_tls)) => with_tls,
+        // Unreachable after config validation; connecting then fails with a TLS error.
+        Some(Err(e)) => {
+            warn!(upstream = %uri, error = %e, "upstream TLS configuration refused");
+            endpoint
+        }
+        None => endpoint,
+    }
 }
 
 /// How long after a resync's stream opens its first response per type counts as the
@@ -467,7 +501,7 @@ pub async fn probe(
             }
             Err(e) => {
                 let delay = backoff.next_delay();
-                warn!(upstream = %uri, error = %e, retry_in = ?delay, "control plane not reachable yet");
+                warn!(upstream = %uri, error = %error_chain(&e), retry_in = ?delay, "control plane not reachable yet");
                 target = (target + 1) % config.upstreams.len();
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}

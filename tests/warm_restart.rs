@@ -217,10 +217,11 @@ async fn snapshot_never_proves_a_name_gone_only_the_upstream_does() {
 /// rejection is counted with `reason`, and the client is served once an upstream answers.
 async fn assert_rejected_then_cold(
     path: &Path,
-    relay_upstream: SocketAddr,
+    upstream_port: tokio::net::TcpSocket,
     adjust: impl FnOnce(&mut Config),
     reason: &str,
 ) {
+    let relay_upstream = upstream_port.local_addr().unwrap();
     let relay = RelayUnderTest::start_with(relay_upstream, |c| {
         with_snapshot(path)(c);
         adjust(c);
@@ -242,7 +243,7 @@ async fn assert_rejected_then_cold(
 
     let mut next = initial();
     next[1] = resource(CDS, "b", "9");
-    let _up = Upstream::start_on(relay_upstream, next).await;
+    let _up = Upstream::start_from(upstream_port, next);
     assert_eq!(
         names(&c.recv_ack().await),
         vec![("a".into(), "1".into()), ("b".into(), "9".into())],
@@ -259,11 +260,12 @@ async fn corrupt_snapshot_is_rejected() {
     prime(&path, addr, &["e1"]).await;
     up.stop();
     drop(up);
+    let port = hold_port(addr).await;
     let mut data = std::fs::read(&path).unwrap();
     let mid = data.len() / 2;
     data[mid] ^= 0x01;
     std::fs::write(&path, data).unwrap();
-    assert_rejected_then_cold(&path, addr, |_| {}, "corrupt").await;
+    assert_rejected_then_cold(&path, port, |_| {}, "corrupt").await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -274,10 +276,8 @@ async fn foreign_snapshot_is_rejected() {
     let up = Upstream::start(initial()).await;
     prime(&path, up.addr, &["e1"]).await;
     // The same file, given to a relay of another control plane.
-    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let other_addr = other.local_addr().unwrap();
-    drop(other);
-    assert_rejected_then_cold(&path, other_addr, |_| {}, "foreign").await;
+    let other = hold_port("127.0.0.1:0".parse().unwrap()).await;
+    assert_rejected_then_cold(&path, other, |_| {}, "foreign").await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -290,6 +290,7 @@ async fn snapshot_older_than_max_staleness_is_rejected() {
     prime(&path, addr, &["e1"]).await;
     up.stop();
     drop(up);
+    let port = hold_port(addr).await;
     // Re-sign the same content as written two hours ago.
     let config = Config::with_upstream(format!("http://{addr}").parse().unwrap());
     let fp = snapshot::fingerprint(&config);
@@ -307,7 +308,7 @@ async fn snapshot_older_than_max_staleness_is_rejected() {
         g.as_of -= two_hours;
     }
     std::fs::write(&path, snapshot::encode(&snap, &fp, clock)).unwrap();
-    assert_rejected_then_cold(&path, addr, |_| {}, "too_old").await;
+    assert_rejected_then_cold(&path, port, |_| {}, "too_old").await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 

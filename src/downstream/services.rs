@@ -36,10 +36,12 @@ impl<H: StreamHost> XdsServices<H> {
         req: Request<Streaming<DiscoveryRequest>>,
         fixed_type: Option<&'static str>,
     ) -> Result<Response<ResponseStream<wire::DiscoveryResponse>>, Status> {
+        let peer = tls_peer(&req);
         Ok(Response::new(serve::<H, SotwStream>(
             self.host.clone(),
             req.into_inner(),
             fixed_type,
+            peer,
         )))
     }
 
@@ -48,12 +50,21 @@ impl<H: StreamHost> XdsServices<H> {
         req: Request<Streaming<DeltaDiscoveryRequest>>,
         fixed_type: Option<&'static str>,
     ) -> Result<Response<ResponseStream<wire::DeltaDiscoveryResponse>>, Status> {
+        let peer = tls_peer(&req);
         Ok(Response::new(serve::<H, DeltaStream>(
             self.host.clone(),
             req.into_inner(),
             fixed_type,
+            peer,
         )))
     }
+}
+
+/// The verified client certificate's identity, on a TLS connection.
+fn tls_peer<T>(req: &Request<T>) -> Option<Arc<crate::tls::PeerIdentity>> {
+    req.extensions()
+        .get::<crate::tls::TlsPeer>()
+        .map(|p| p.0.clone())
 }
 
 #[tonic::async_trait]

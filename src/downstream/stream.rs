@@ -18,6 +18,7 @@ use super::mailbox::Mailbox;
 use crate::metrics::Rejection;
 use crate::pb::core::Node;
 use crate::sync::lock;
+use crate::tls::PeerIdentity;
 use crate::xds::constraints::Params;
 use crate::xds::{
     AckStatus, Locator, RequestEffects, Store, StreamCore, StreamId, TypeSnapshot, XdsRequest,
@@ -36,6 +37,11 @@ pub trait StreamHost: Send + Sync + 'static {
         node: &Node,
         mailbox: Arc<Mailbox>,
     ) -> Result<Self::Session, Status>;
+    /// May the client (its TLS identity, if any) join the group `node` maps to? Checked before
+    /// [`StreamHost::open`].
+    fn authorize(&self, _node: &Node, _peer: Option<&PeerIdentity>) -> Result<(), Status> {
+        Ok(())
+    }
     /// Sees every request as it arrives (the demo control plane counts them).
     fn on_request<R: XdsRequest + prost::Message>(&self, _session: &Self::Session, _req: &R) {}
     /// Dynamic parameters for the node's plain-name subscriptions (TP2 migration path).
@@ -154,6 +160,7 @@ pub fn serve<H, C>(
     host: Arc<H>,
     inbound: Streaming<C::Request>,
     fixed_type: Option<&'static str>,
+    peer: Option<Arc<PeerIdentity>>,
 ) -> ResponseStream<C::Response>
 where
     H: StreamHost,
@@ -164,7 +171,7 @@ where
     // One response in flight per stream: the rest stays as pending state in the state machine, so
     // a slow reader never accumulates outdated responses.
     let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(drive::<H, C>(host, inbound, tx, fixed_type));
+    tokio::spawn(drive::<H, C>(host, inbound, tx, fixed_type, peer));
     Box::pin(tokio_stream::StreamExt::map(ReceiverStream::new(rx), |r| {
         *r
     }))
@@ -179,6 +186,7 @@ async fn drive<H, C>(
     mut inbound: Streaming<C::Request>,
     tx: Outbox<C::Response>,
     fixed_type: Option<&'static str>,
+    peer: Option<Arc<PeerIdentity>>,
 ) where
     H: StreamHost,
     C: StreamCore + Send + 'static,
@@ -212,6 +220,10 @@ async fn drive<H, C>(
             .await;
         return;
     };
+    if let Err(status) = host.authorize(&node, peer.as_deref()) {
+        let _ = tx.send(Box::new(Err(status))).await;
+        return;
+    }
     let id = host.next_stream_id();
     let mailbox = Arc::new(Mailbox::default());
     let session = match host.open(id, &node, mailbox.clone()) {

@@ -47,10 +47,21 @@ pub struct Envoy {
 impl Envoy {
     /// Starts Envoy with deploy/envoy/`bootstrap` pointed at `relay_port`.
     pub fn start(bootstrap: &str, relay_port: u16, node_id: &str, cluster: &str) -> Envoy {
+        Self::start_edited(bootstrap, relay_port, node_id, cluster, |t| t)
+    }
+
+    /// Like [`Envoy::start`], with `edit` applied to the bootstrap text (e.g. certificate paths).
+    pub fn start_edited(
+        bootstrap: &str,
+        relay_port: u16,
+        node_id: &str,
+        cluster: &str,
+        edit: impl FnOnce(String) -> String,
+    ) -> Envoy {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("deploy/envoy")
             .join(bootstrap);
-        let template = std::fs::read_to_string(&src).expect("read bootstrap");
+        let template = edit(std::fs::read_to_string(&src).expect("read bootstrap"));
         assert!(template.contains("port_value: 18000") && template.contains("port_value: 9901"));
         let admin_port = free_port();
         let config = template

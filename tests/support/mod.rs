@@ -58,6 +58,19 @@ impl Upstream {
 
     pub async fn start_on(addr: SocketAddr, resources: Vec<(String, CachedResource)>) -> Upstream {
         let listener = TcpListener::bind(addr).await.expect("bind control plane");
+        Self::serve(listener, resources)
+    }
+
+    /// Starts on a port the test already holds (see [`hold_port`]): no other test can take it
+    /// in between.
+    pub fn start_from(
+        port: tokio::net::TcpSocket,
+        resources: Vec<(String, CachedResource)>,
+    ) -> Upstream {
+        Self::serve(port.listen(1024).expect("listen"), resources)
+    }
+
+    fn serve(listener: TcpListener, resources: Vec<(String, CachedResource)>) -> Upstream {
         let addr = listener.local_addr().unwrap();
         let cp = ControlPlane::new(resources);
         let (tx, rx) = oneshot::channel();
@@ -76,6 +89,24 @@ impl Upstream {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
             self.cp.disconnect_all();
+        }
+    }
+}
+
+/// Binds `addr` without listening (connections to it are refused, as to a stopped control
+/// plane), retrying for 5 s while a stopped upstream still holds it, and keeps it so a control
+/// plane can come back on the same address with [`Upstream::start_from`].
+pub async fn hold_port(addr: SocketAddr) -> tokio::net::TcpSocket {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+        match socket.bind(addr) {
+            Ok(()) => return socket,
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "rebind {addr}: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
     }
 }
@@ -230,11 +261,20 @@ impl DeltaClient {
     pub async fn try_connect(
         addr: SocketAddr,
         node: Option<Node>,
-        mut first: DeltaDiscoveryRequest,
+        first: DeltaDiscoveryRequest,
     ) -> Result<DeltaClient, tonic::Status> {
-        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
+        let client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))
             .await
             .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        Self::try_open(client, node, first).await
+    }
+
+    /// Opens a stream on an existing client (e.g. one over TLS).
+    pub async fn try_open(
+        mut client: AggregatedDiscoveryServiceClient<tonic::transport::Channel>,
+        node: Option<Node>,
+        mut first: DeltaDiscoveryRequest,
+    ) -> Result<DeltaClient, tonic::Status> {
         let (tx, rx) = mpsc::channel(16);
         first.node = node.clone();
         tx.send(first).await.unwrap();
