@@ -77,6 +77,11 @@ pub struct Args {
     /// the upstream requests seen meanwhile (relay and direct only).
     #[arg(long)]
     pub storm: bool,
+    /// Extra clients (relay and direct) that subscribe like the others after they synced, then
+    /// never read a response, for the whole phase; the report shows whether the normal clients'
+    /// update latency and the relay's RSS notice.
+    #[arg(long, default_value_t = 0)]
+    pub stuck_clients: u32,
     /// Soak (relay target): after everything else, this many extra short-lived clients each
     /// connect, subscribe, sync and disconnect; reports the relay's RSS and live tasks before and
     /// after (0 = no soak).

@@ -626,3 +626,46 @@ pub async fn soak_cycle(
         .await
         .map_err(|_| format!("not synced within {timeout:?}"))?
 }
+
+/// A client that stops reading: it opens a Delta stream like client `id` (on its own connection,
+/// with HTTP/2's default 64 KiB stream window) and never reads a response. The returned handles
+/// keep the connection and both directions of the stream open until dropped.
+pub async fn stuck_client(
+    addr: std::net::SocketAddr,
+    ctx: &RunCtx,
+    id: u32,
+) -> Result<
+    (
+        mpsc::Sender<DeltaDiscoveryRequest>,
+        tonic::Streaming<LiteResponse>,
+    ),
+    String,
+> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .initial_stream_window_size(Some(65_535))
+        .initial_connection_window_size(Some(65_535))
+        .connect()
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let state = ClientState::new(id, ctx);
+    let (tx, rx) = mpsc::channel(16);
+    let mut stuck_node = node(ctx, id);
+    stuck_node.id = format!("loadgen-stuck-{id}");
+    for req in delta_opening(&state, stuck_node) {
+        let _ = tx.try_send(req);
+    }
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|e| e.to_string())?;
+    let codec = tonic_prost::ProstCodec::<DeltaDiscoveryRequest, LiteResponse>::default();
+    let stream = grpc
+        .streaming(
+            tonic::Request::new(ReceiverStream::new(rx)),
+            http::uri::PathAndQuery::from_static(DELTA_PATH),
+            codec,
+        )
+        .await
+        .map_err(|s| format!("open stream: {s}"))?
+        .into_inner();
+    Ok((tx, stream))
+}

@@ -541,6 +541,24 @@ pub async fn run(
                 .unwrap_or_default()
         ));
     }
+    // Stuck clients: held open (never read) until the phase ends.
+    let mut stuck = Vec::new();
+    if target != Target::Floor {
+        for i in 0..args.stuck_clients {
+            match client::stuck_client(addr, &ctx, i % n).await {
+                Ok(handles) => stuck.push(handles),
+                Err(e) => ctx.error(format!("stuck client {i}: {e}")),
+            }
+        }
+        if args.stuck_clients > 0 {
+            progress.line(format!(
+                "{}: {} stuck clients subscribed and not reading",
+                target.name(),
+                stuck.len()
+            ));
+        }
+    }
+    let stuck_clients = stuck.len() as u32;
     let connected = sample(pid);
 
     // Churn (gRPC targets only), then the updates.
@@ -714,12 +732,14 @@ pub async fn run(
         storm,
         idle,
         soak,
+        stuck_clients,
         relay,
         loadgen_cpu_s: procfs::sample_self().cpu_s - self_start.cpu_s,
         cdf: cdf(&all, 200),
     };
 
     // Stop: clients, then the relay, then the upstream.
+    drop(stuck);
     drop(ctrl_txs);
     clients.shutdown().await;
     if let Some(r) = relay_proc {

@@ -78,6 +78,8 @@ pub struct PhaseReport {
     pub idle: Option<IdleFigures>,
     /// `--soak-cycles`.
     pub soak: Option<SoakFigures>,
+    /// `--stuck-clients` that were open (subscribed, never reading) during the updates.
+    pub stuck_clients: u32,
     pub relay: Option<RelayFigures>,
     /// CPU of the loadgen process itself during this phase (clients, and the in-process upstream).
     pub loadgen_cpu_s: f64,
@@ -286,6 +288,13 @@ pub fn summary(r: &RunReport) -> String {
                     p.target, u.active_streams, u.streams_opened, u.requests
                 );
             }
+        }
+        if p.stuck_clients > 0 {
+            let _ = writeln!(
+                s,
+                "{:<7} {} stuck clients (subscribed, never reading) open during the updates",
+                p.target, p.stuck_clients
+            );
         }
         if let Some(i) = &p.idle {
             let _ = writeln!(
