@@ -554,3 +554,31 @@ fn b21_sotw_full_state_carries_resource_errors_beside_the_rest() {
         "the error is not repeated"
     );
 }
+
+/// A name subscribed both by plain name and by a locator whose selection is the same
+/// unconstrained resource: both go on the wire as plain `name`, so a response carries it once
+/// (a client rejects duplicate names). Found by the `delta_requests` fuzz target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a20_name_and_locator_selecting_one_resource_send_it_once() {
+    let up = Upstream::start(vec![resource(EDS, "b", "1"), resource(EDS, "c", "1")]).await;
+    let relay = RelayUnderTest::start(up.addr, Duration::from_secs(30)).await;
+    let both = || DeltaDiscoveryRequest {
+        type_url: EDS.into(),
+        resource_names_subscribe: vec!["b".into(), "c".into()],
+        resource_locators_subscribe: vec![locator("b", "dev")],
+        ..Default::default()
+    };
+    // The first client warms the cache; the second is answered from it in one response.
+    let mut warm = DeltaClient::connect(relay.xds, node("warm", GROUP), both()).await;
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let r = warm.recv_ack().await;
+        seen.extend(r.resources.iter().map(|x| x.name.clone()));
+    }
+    let mut c = DeltaClient::connect(relay.xds, node("c", GROUP), both()).await;
+    let r = c.recv_ack().await;
+    let mut names: Vec<String> = r.resources.iter().map(|x| x.name.clone()).collect();
+    names.sort();
+    assert_eq!(names, vec!["b".to_string(), "c".to_string()], "{r:?}");
+    c.expect_silence(Duration::from_millis(300)).await;
+}

@@ -208,23 +208,30 @@ struct Builder {
     resources: Vec<Bytes>,
     /// Encoded size of `resources`, to cut responses at [`RESPONSE_BUDGET_BYTES`].
     bytes: usize,
-    added: HashSet<(Name, ConstraintKey, bool)>,
+    /// Wire identity (see [`wire_id`]) -> the resource sent under it.
+    added: HashMap<(Name, ConstraintKey, bool), Arc<CachedResource>>,
     removed: BTreeSet<String>,
     removed_variants: Vec<ResourceName>,
     errors: Vec<ResourceError>,
 }
 
 impl Builder {
-    fn add(&mut self, r: &CachedResource, by_name: bool) {
-        let key = if by_name {
-            ConstraintKey::default()
-        } else {
-            r.key.clone()
-        };
-        if self.added.insert((r.name.clone(), key, by_name)) {
-            let b = r.delta_bytes(by_name).clone();
-            self.bytes += b.len();
-            self.resources.push(b);
+    /// Adds `r` unless something with the same wire identity is already in. Returns whether the
+    /// client will hold `r` under that identity (added now, or the same resource added before);
+    /// `false` when two subscriptions of one name select different resources sent alike.
+    fn add(&mut self, r: &Arc<CachedResource>, by_name: bool) -> bool {
+        match self.added.entry(wire_id(r, by_name)) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let prev = e.get();
+                Arc::ptr_eq(prev, r) || (prev.version == r.version && prev.key == r.key)
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(r.clone());
+                let b = r.delta_bytes(by_name).clone();
+                self.bytes += b.len();
+                self.resources.push(b);
+                true
+            }
         }
     }
 
@@ -234,6 +241,18 @@ impl Builder {
             && self.removed_variants.is_empty()
             && self.errors.is_empty()
     }
+}
+
+/// How a client identifies a resource in a response: its plain name (by-name subscribers, and
+/// unconstrained variants, which carry `name`), or its name and constraints (A20).
+fn wire_id(r: &CachedResource, by_name: bool) -> (Name, ConstraintKey, bool) {
+    let plain = by_name || r.constraints.is_none();
+    let key = if plain {
+        ConstraintKey::default()
+    } else {
+        r.key.clone()
+    };
+    (r.name.clone(), key, plain)
 }
 
 impl DeltaStream {
@@ -507,12 +526,12 @@ impl DeltaStream {
                 if !held.is(r) || (by_name && r.constraints.is_some()) {
                     continue;
                 }
-                let id = (l.name.clone(), r.key.clone(), by_name);
-                if out.added.contains(&id) {
+                let id = wire_id(r, by_name);
+                if out.added.contains_key(&id) {
                     continue;
                 }
                 if let Some(hb) = store.heartbeat(type_url, &l.name, &r.key) {
-                    out.added.insert(id);
+                    out.added.insert(id, r.clone());
                     out.resources.push(hb.clone());
                 }
             }
@@ -589,8 +608,13 @@ impl DeltaStream {
                             });
                         }
                     }
-                    out.add(r, by_name);
-                    ts.known.insert(l.clone(), Held::Sent(r.clone()));
+                    if out.add(r, by_name) {
+                        ts.known.insert(l.clone(), Held::Sent(r.clone()));
+                    } else {
+                        // Another subscription of the name took its wire identity: whatever the
+                        // client held under it is replaced, so send this one again later.
+                        ts.known.remove(l);
+                    }
                 }
                 ts.forced.remove(l);
             }

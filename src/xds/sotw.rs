@@ -279,7 +279,9 @@ impl SotwStream {
         let mut refetch = Vec::new();
         let mut out: Vec<Bytes> = Vec::new();
         // B20: one entry per name (by-name subscribers) or per variant (locator subscribers).
-        let mut added: BTreeSet<(Name, ConstraintKey)> = BTreeSet::new();
+        // Returns whether the client holds `r` under its identity afterwards: `false` when two
+        // subscriptions of one name select different resources that would be sent alike.
+        let mut added: BTreeMap<(Name, ConstraintKey), (ConstraintKey, String)> = BTreeMap::new();
         let mut push = |out: &mut Vec<Bytes>, r: &super::CachedResource, by_name: bool| {
             let id = (
                 r.name.clone(),
@@ -289,10 +291,16 @@ impl SotwStream {
                     r.key.clone()
                 },
             );
-            if added.insert(id) {
-                // Locator subscribers can take wrappers ([PROTO] resource_locators) and need the
-                // constraints (E9).
-                out.push(r.sotw_bytes(wrap || !by_name, by_name).clone());
+            let held = (r.key.clone(), r.version.clone());
+            match added.get(&id) {
+                Some(prev) => *prev == held,
+                None => {
+                    added.insert(id, held);
+                    // Locator subscribers can take wrappers ([PROTO] resource_locators) and need
+                    // the constraints (E9).
+                    out.push(r.sotw_bytes(wrap || !by_name, by_name).clone());
+                    true
+                }
             }
         };
         if is_full_state(type_url) {
@@ -323,8 +331,9 @@ impl SotwStream {
             let mut current = BTreeMap::new();
             for (l, by_name) in &scope {
                 if let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) {
-                    current.insert(l.clone(), (r.key.clone(), r.version.clone()));
-                    push(&mut out, r, *by_name);
+                    if push(&mut out, r, *by_name) {
+                        current.insert(l.clone(), (r.key.clone(), r.version.clone()));
+                    }
                 }
             }
             let owed = ts.force || !ts.resend.is_empty();
@@ -344,9 +353,12 @@ impl SotwStream {
                         let resend = ts.resend.remove(l) || ts.force;
                         let held = ts.sent.get(l);
                         if resend || held != Some(&(r.key.clone(), r.version.clone())) {
-                            ts.sent
-                                .insert(l.clone(), (r.key.clone(), r.version.clone()));
-                            push(&mut out, r, *by_name);
+                            if push(&mut out, r, *by_name) {
+                                ts.sent
+                                    .insert(l.clone(), (r.key.clone(), r.version.clone()));
+                            } else {
+                                ts.sent.remove(l);
+                            }
                         }
                     }
                     // B3: a partial type cannot signal deletion; the client keeps what it has.
