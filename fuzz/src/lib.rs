@@ -1,0 +1,409 @@
+//! Shared pieces of the fuzz targets: a small pre-populated store, resource encoders, a byte reader
+//! for the op-sequence input formats, and a model of what a Delta/SotW client holds. The targets
+//! drive only adsrelay's I/O-free core (`adsrelay::xds`), as the stream adapters do.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use adsrelay::pb::discovery::dynamic_parameter_constraints::single_constraint::ConstraintType;
+use adsrelay::pb::discovery::dynamic_parameter_constraints::{SingleConstraint, Type};
+use adsrelay::pb::discovery::{
+    resource::CacheControl, DynamicParameterConstraints, Resource, ResourceError, ResourceName,
+};
+use adsrelay::pb::rpc;
+use adsrelay::xds::constraints::{self, ConstraintKey, Params};
+use adsrelay::xds::{CachedResource, Store, UpstreamUpdate};
+use bytes::Bytes;
+use prost::Message;
+
+pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+pub const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+pub const CUSTOM: &str = "type.googleapis.com/fuzz.v1.Thing";
+/// Types the fuzzed streams ask for: two full-state (SotW), two partial; index = byte % 4.
+pub const TYPES: [&str; 4] = [CLUSTER, LISTENER, ENDPOINT, CUSTOM];
+/// Resource names a shaped request or an upstream change picks from; `"*"` is the wildcard.
+pub const NAMES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "*", ""];
+/// Dynamic-parameter sets of shaped locators (TP2).
+pub fn param_set(i: u8) -> Params {
+    let kv: &[(&str, &str)] = match i % 4 {
+        0 => &[],
+        1 => &[("env", "prod")],
+        2 => &[("env", "dev")],
+        _ => &[("env", "prod"), ("zone", "z1")],
+    };
+    kv.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// `env == value`.
+pub fn env_is(value: &str) -> DynamicParameterConstraints {
+    DynamicParameterConstraints {
+        r#type: Some(Type::Constraint(SingleConstraint {
+            key: "env".into(),
+            constraint_type: Some(ConstraintType::Value(value.into())),
+        })),
+    }
+}
+
+/// An encoded `Resource`. The body's value is `name \0 version`, so a SotW response (bare `Any`)
+/// can be traced back to the resource it came from.
+pub fn resource(
+    type_url: &str,
+    name: &str,
+    version: &str,
+    constraints: Option<DynamicParameterConstraints>,
+    ttl_secs: Option<i64>,
+    do_not_cache: bool,
+) -> Bytes {
+    let (plain, resource_name) = match constraints {
+        Some(c) => (
+            String::new(),
+            Some(ResourceName {
+                name: name.into(),
+                dynamic_parameter_constraints: Some(c),
+            }),
+        ),
+        None => (name.to_string(), None),
+    };
+    let r = Resource {
+        name: plain,
+        resource_name,
+        version: version.into(),
+        resource: Some(prost_types::Any {
+            type_url: type_url.into(),
+            value: format!("{name}\0{version}").into_bytes(),
+        }),
+        ttl: ttl_secs.map(|seconds| prost_types::Duration { seconds, nanos: 0 }),
+        cache_control: do_not_cache.then_some(CacheControl { do_not_cache }),
+        ..Default::default()
+    };
+    Bytes::from(r.encode_to_vec())
+}
+
+/// A body-less `Resource` (TTL heartbeat) for a held version.
+pub fn heartbeat(name: &str, version: &str, ttl_secs: i64) -> Bytes {
+    let r = Resource {
+        name: name.into(),
+        version: version.into(),
+        ttl: Some(prost_types::Duration {
+            seconds: ttl_secs,
+            nanos: 0,
+        }),
+        ..Default::default()
+    };
+    Bytes::from(r.encode_to_vec())
+}
+
+pub fn resource_error(name: &str, code: i32) -> ResourceError {
+    ResourceError {
+        resource_name: Some(ResourceName {
+            name: name.into(),
+            dynamic_parameter_constraints: None,
+        }),
+        error_detail: Some(rpc::Status {
+            code,
+            message: format!("upstream error for {name}"),
+            details: vec![],
+        }),
+    }
+}
+
+/// The fixed instant TTLs count from, so runs are reproducible.
+pub fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// The resources every target starts from, per type: `a`, `b` plain; `c` in two variants
+/// (env=prod, env=dev); `d` absent; `e` with an upstream error; `f` unknown.
+fn initial_updates(type_url: &str) -> UpstreamUpdate {
+    UpstreamUpdate {
+        resources: vec![
+            resource(type_url, "a", "1", None, None, false),
+            resource(type_url, "b", "1", None, Some(30), false),
+            resource(type_url, "c", "1", Some(env_is("prod")), None, false),
+            resource(type_url, "c", "1", Some(env_is("dev")), None, false),
+        ],
+        removed: vec!["d".into()],
+        errors: vec![resource_error("e", 14)],
+        received_at: Some(epoch()),
+        ..Default::default()
+    }
+}
+
+/// A cache store as the relay holds it: filled by upstream responses; Cluster and the custom type
+/// have had their wildcard answered.
+pub fn cache_store() -> Store {
+    let mut store = Store::new();
+    for t in TYPES {
+        let wildcard_answered = t == CLUSTER || t == CUSTOM;
+        store
+            .apply(t, initial_updates(t), wildcard_answered)
+            .expect("fixture resources are valid");
+    }
+    store
+}
+
+/// A source-of-truth store (the demo control plane's): missing names are absent.
+pub fn complete_store() -> Store {
+    let mut all = Vec::new();
+    for t in TYPES {
+        for b in initial_updates(t).resources {
+            let r = CachedResource::decode(b).expect("fixture resources are valid");
+            all.push((t.to_string(), r));
+        }
+    }
+    Store::complete(all)
+}
+
+/// One upstream change to the store, chosen by a byte: (type, name, action).
+pub fn upstream_change(b: u8, version: u64) -> (&'static str, UpstreamUpdate) {
+    let type_url = TYPES[(b & 3) as usize];
+    let name = NAMES[((b >> 2) & 7) as usize % 6];
+    let v = version.to_string();
+    let mut u = UpstreamUpdate {
+        received_at: Some(epoch()),
+        ..Default::default()
+    };
+    match b >> 5 {
+        0 => u.resources = vec![resource(type_url, name, &v, None, None, false)],
+        1 => u.resources = vec![resource(type_url, name, &v, None, Some(10), true)],
+        2 => u.removed = vec![name.into()],
+        3 => {
+            u.resources = vec![resource(
+                type_url,
+                name,
+                &v,
+                Some(env_is("prod")),
+                None,
+                false,
+            )]
+        }
+        4 => {
+            u.removed_variants = vec![ResourceName {
+                name: name.into(),
+                dynamic_parameter_constraints: Some(env_is("prod")),
+            }]
+        }
+        5 => u.errors = vec![resource_error(name, 13)],
+        // A heartbeat is only valid for the held version; the store rejects the rest (fine).
+        6 => u.resources = vec![heartbeat(name, "1", 20)],
+        _ => {
+            u.resources = vec![resource(
+                type_url,
+                name,
+                &v,
+                Some(env_is("dev")),
+                Some(5),
+                false,
+            )]
+        }
+    }
+    (type_url, u)
+}
+
+/// A cursor over the fuzz input. Reads past the end yield zeros / empty slices, so every input is
+/// a valid program.
+pub struct Reader<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(data: &'a [u8]) -> Self {
+        Reader { data }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+    pub fn byte(&mut self) -> u8 {
+        match self.data.split_first() {
+            Some((b, rest)) => {
+                self.data = rest;
+                *b
+            }
+            None => 0,
+        }
+    }
+    /// A length-prefixed (u16 little-endian) slice.
+    pub fn chunk(&mut self) -> &'a [u8] {
+        let len = u16::from_le_bytes([self.byte(), self.byte()]) as usize;
+        let len = len.min(self.data.len());
+        let (chunk, rest) = self.data.split_at(len);
+        self.data = rest;
+        chunk
+    }
+}
+
+/// Appends a length-prefixed chunk in [`Reader::chunk`]'s format (seed generation).
+pub fn push_chunk(out: &mut Vec<u8>, chunk: &[u8]) {
+    let len = u16::try_from(chunk.len()).expect("seed chunk under 64 KiB");
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(chunk);
+}
+
+/// How a response names one resource: by plain name, or by name and constraints (a variant).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Form {
+    Plain,
+    Variant(ConstraintKey),
+}
+
+/// What a client holds per type (name -> form -> version), as it would see from the responses it applied (a superset: the
+/// model never drops what the relay might still consider held).
+#[derive(Debug, Default)]
+pub struct HeldModel {
+    pub held: BTreeMap<String, BTreeMap<String, BTreeMap<Form, String>>>,
+}
+
+impl HeldModel {
+    pub fn insert(&mut self, type_url: &str, name: &str, form: Form, version: &str) {
+        self.held
+            .entry(type_url.into())
+            .or_default()
+            .entry(name.into())
+            .or_default()
+            .insert(form, version.into());
+    }
+    /// Whether the client holds `name` (in any form) at `version`.
+    pub fn holds_version(&self, type_url: &str, name: &str, version: &str) -> bool {
+        self.held
+            .get(type_url)
+            .and_then(|t| t.get(name))
+            .is_some_and(|f| f.values().any(|v| v == version))
+    }
+    pub fn holds(&self, type_url: &str, name: &str) -> bool {
+        self.held
+            .get(type_url)
+            .and_then(|t| t.get(name))
+            .is_some_and(|f| !f.is_empty())
+    }
+    pub fn remove(&mut self, type_url: &str, name: &str, form: Option<&Form>) {
+        if let Some(forms) = self.held.get_mut(type_url).and_then(|t| t.get_mut(name)) {
+            match form {
+                Some(f) => {
+                    forms.remove(f);
+                }
+                None => forms.clear(),
+            }
+        }
+    }
+    /// The client dropped what it held only through the wildcard (A4).
+    pub fn retain_names(&mut self, type_url: &str, keep: impl Fn(&str) -> bool) {
+        if let Some(t) = self.held.get_mut(type_url) {
+            t.retain(|n, _| keep(n));
+        }
+    }
+}
+
+/// The header fields of an encoded `Resource` a response carries: (name, form, version, has body).
+pub fn resource_identity(bytes: &[u8]) -> (String, Form, String, bool) {
+    let r = adsrelay::pb::wire::ResourceHeader::decode(bytes)
+        .expect("the relay only sends resources it decoded");
+    let (name, form) = match &r.resource_name {
+        Some(rn) if r.name.is_empty() => (
+            rn.name.clone(),
+            match &rn.dynamic_parameter_constraints {
+                Some(c) => Form::Variant(constraints::key(Some(c))),
+                None => Form::Plain,
+            },
+        ),
+        _ => (r.name.clone(), Form::Plain),
+    };
+    (name, form, r.version, r.resource.is_some())
+}
+
+/// Whether the store holds a variant of `name` at `version`.
+pub fn store_has_version(store: &Store, type_url: &str, name: &str, version: &str) -> bool {
+    store
+        .resources(type_url)
+        .any(|r| &*r.name == name && r.version == version)
+}
+
+/// Everything observable about a store's content, for before/after comparisons: every variant
+/// (bytes, arrival, TTL), heartbeats, wildcard sync, and for `probe` names the lookup outcome and
+/// reported error.
+pub fn store_digest(store: &Store, probe: &[String]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let mut types: Vec<&str> = store.type_urls().collect();
+    types.sort();
+    let _ = writeln!(
+        out,
+        "seq={} next_expiry={:?}",
+        store.seq(),
+        store.next_expiry()
+    );
+    for t in types {
+        let _ = writeln!(out, "type {t} synced={}", store.wildcard_synced(t));
+        for r in store.resources(t) {
+            let _ = writeln!(
+                out,
+                "  {} key={} v={} arrival={} ttl={:?} dnc={} bytes={:?} hb={:?}",
+                r.name,
+                r.key,
+                r.version,
+                r.arrival,
+                r.ttl,
+                r.do_not_cache,
+                r.encoded,
+                store.heartbeat(t, &r.name, &r.key)
+            );
+        }
+        for n in probe {
+            let _ = writeln!(
+                out,
+                "  probe {n:?}: {:?} err={:?}",
+                lookup_kind(store, t, n),
+                store.error(t, n)
+            );
+        }
+    }
+    out
+}
+
+fn lookup_kind(store: &Store, type_url: &str, name: &str) -> &'static str {
+    match store.lookup(type_url, name) {
+        adsrelay::xds::Lookup::Present(_) => "present",
+        adsrelay::xds::Lookup::Absent => "absent",
+        adsrelay::xds::Lookup::Unknown => "unknown",
+    }
+}
+
+/// Default parameters for plain-name subscriptions: none, or env=prod (TP2 migration path).
+pub fn default_params(flag: bool) -> Params {
+    if flag {
+        param_set(1)
+    } else {
+        Params::new()
+    }
+}
+
+pub fn arc_params(p: Params) -> Arc<Params> {
+    Arc::new(p)
+}
+
+pub const TTL_STEP: Duration = Duration::from_secs(7);
+
+pub mod constraint_input;
+pub mod seeds;
+
+/// Whether the subscriptions of `name` (each a parameter set) select different resources from
+/// the store. Such a client asked for two things under one name, which may reach it under one
+/// wire identity; which one it ends up holding is not defined, so delivery is not checked.
+pub fn selections_differ<'a>(
+    store: &Store,
+    type_url: &str,
+    name: &str,
+    params: impl IntoIterator<Item = &'a Params>,
+) -> bool {
+    let mut seen = std::collections::BTreeSet::new();
+    for p in params {
+        if let adsrelay::xds::Lookup::Present(r) = store.lookup_for(type_url, name, p) {
+            seen.insert((r.key.clone(), r.version.clone()));
+        }
+    }
+    seen.len() > 1
+}

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of the protocol core (fuzz/, cargo-fuzz + libFuzzer): builds every target
+# once, then runs each for a bounded time. Fails on any crash, assertion, leak, timeout or OOM and
+# prints the reproducer's path; prints each target's executions.
+#
+#   scripts/fuzz.sh [SECONDS_PER_TARGET]     default 20 (CI); run longer by hand, e.g. 600
+#   FUZZ_TARGETS="constraints delta_requests" scripts/fuzz.sh 60    a subset
+#   scripts/fuzz.sh --seeds                  regenerate fuzz/corpus/<target>/seed-* (then commit)
+#
+# Toolchain: nightly when installed, else stable with RUSTC_BOOTSTRAP=1 (cargo-fuzz needs -Z flags).
+# FUZZ_SANITIZER (default address; "none" is faster) is passed to cargo fuzz -s.
+# New inputs found go to fuzz/target/corpus/<target> (kept between local runs, never committed);
+# fuzz/corpus/<target> (seeds) and fuzz/regressions/<target> (past crashes) are only read.
+# Reproduce a crash: cargo +nightly fuzz run <target> <crash file>   (from fuzz/)
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root/fuzz"
+all_targets=(delta_requests sotw_requests upstream_response constraints)
+read -r -a targets <<<"${FUZZ_TARGETS:-${all_targets[*]}}"
+sanitizer=${FUZZ_SANITIZER:-address}
+triple=$(rustc -vV | sed -n 's/^host: //p')
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "== installing cargo-fuzz"
+    cargo install cargo-fuzz --locked
+fi
+
+toolchain=()
+if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+    toolchain=(+nightly)
+else
+    echo "== no nightly toolchain: using stable with RUSTC_BOOTSTRAP=1"
+    export RUSTC_BOOTSTRAP=1
+fi
+
+echo "== building fuzz targets (sanitizer: $sanitizer)"
+build_start=$SECONDS
+cargo "${toolchain[@]}" fuzz build -s "$sanitizer"
+echo "== built in $((SECONDS - build_start)) s"
+
+if [[ ${1:-} == --seeds ]]; then
+    "target/$triple/release/write_seeds" corpus
+    exit 0
+fi
+secs=${1:-20}
+if ! [[ $secs =~ ^[0-9]+$ ]] || ((secs == 0)); then
+    echo "usage: scripts/fuzz.sh [SECONDS_PER_TARGET | --seeds]" >&2
+    exit 2
+fi
+
+failed=()
+for t in "${targets[@]}"; do
+    work="target/corpus/$t"
+    mkdir -p "$work" "artifacts/$t"
+    corpora=("$work" "corpus/$t")
+    [[ -d regressions/$t ]] && corpora+=("regressions/$t")
+    log="target/fuzz-$t.log"
+    echo "== $t: ${secs}s"
+    status=0
+    cargo "${toolchain[@]}" fuzz run -s "$sanitizer" "$t" "${corpora[@]}" -- \
+        -max_total_time="$secs" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
+        >"$log" 2>&1 || status=$?
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+    echo "   $t: ${execs:-?} executions, exit status $status"
+    if ((status != 0)); then
+        # The assertion or sanitizer report, then libFuzzer's last words.
+        grep -m 1 -A 3 -E "panicked at|ERROR: (AddressSanitizer|libFuzzer)" "$log" || tail -n 20 "$log"
+        artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
+        echo "!! $t failed; reproducer: ${artifact:-<none written, see fuzz/$log>}"
+        failed+=("$t")
+    fi
+done
+
+if ((${#failed[@]})); then
+    echo "FUZZING FAILED: ${failed[*]} (logs: fuzz/target/fuzz-<target>.log)"
+    exit 1
+fi
+echo "== fuzzing passed: ${targets[*]} (${secs}s each)"
