@@ -577,6 +577,45 @@ pub async fn run_sotw(ctx: Arc<RunCtx>, id: u32, channel: Channel, mut ctrl: mps
     }
 }
 
+/// A Delta stream on a new connection of its own, opened with `node` and the subscriptions of
+/// `state`: the request sender and the response stream, open until dropped.
+type OwnStream = (
+    mpsc::Sender<DeltaDiscoveryRequest>,
+    tonic::Streaming<LiteResponse>,
+);
+
+async fn open_own_stream(
+    endpoint: tonic::transport::Endpoint,
+    state: &ClientState,
+    node: Node,
+) -> Result<OwnStream, String> {
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let (tx, rx) = mpsc::channel(16);
+    for req in delta_opening(state, node) {
+        let _ = tx.try_send(req);
+    }
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|e| e.to_string())?;
+    let codec = tonic_prost::ProstCodec::<DeltaDiscoveryRequest, LiteResponse>::default();
+    let stream = grpc
+        .streaming(
+            tonic::Request::new(ReceiverStream::new(rx)),
+            http::uri::PathAndQuery::from_static(DELTA_PATH),
+            codec,
+        )
+        .await
+        .map_err(|s| format!("open stream: {s}"))?
+        .into_inner();
+    Ok((tx, stream))
+}
+
+fn endpoint(addr: std::net::SocketAddr) -> Result<tonic::transport::Endpoint, String> {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}")).map_err(|e| e.to_string())
+}
+
 /// One soak cycle: a new connection, a Delta stream subscribing like client `id` (wildcard
 /// Clusters and Listeners, its EDS names), ACKs until it holds its whole set, then disconnect.
 /// Bounded by `timeout`; returns what went wrong.
@@ -587,29 +626,9 @@ pub async fn soak_cycle(
     timeout: Duration,
 ) -> Result<(), String> {
     let session = async {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| e.to_string())?
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .map_err(|e| format!("connect {addr}: {e}"))?;
         let mut state = ClientState::new(id, ctx);
-        let (tx, rx) = mpsc::channel(16);
-        for req in delta_opening(&state, node(ctx, id)) {
-            let _ = tx.try_send(req);
-        }
-        let mut grpc = tonic::client::Grpc::new(channel);
-        grpc.ready().await.map_err(|e| e.to_string())?;
-        let codec = tonic_prost::ProstCodec::<DeltaDiscoveryRequest, LiteResponse>::default();
-        let mut stream = grpc
-            .streaming(
-                tonic::Request::new(ReceiverStream::new(rx)),
-                http::uri::PathAndQuery::from_static(DELTA_PATH),
-                codec,
-            )
-            .await
-            .map_err(|s| format!("open stream: {s}"))?
-            .into_inner();
+        let ep = endpoint(addr)?.tcp_nodelay(true);
+        let (tx, mut stream) = open_own_stream(ep, &state, node(ctx, id)).await?;
         while !state.complete() {
             match stream.message().await {
                 Ok(Some(r)) => {
@@ -634,38 +653,11 @@ pub async fn stuck_client(
     addr: std::net::SocketAddr,
     ctx: &RunCtx,
     id: u32,
-) -> Result<
-    (
-        mpsc::Sender<DeltaDiscoveryRequest>,
-        tonic::Streaming<LiteResponse>,
-    ),
-    String,
-> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| e.to_string())?
+) -> Result<OwnStream, String> {
+    let ep = endpoint(addr)?
         .initial_stream_window_size(Some(65_535))
-        .initial_connection_window_size(Some(65_535))
-        .connect()
-        .await
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    let state = ClientState::new(id, ctx);
-    let (tx, rx) = mpsc::channel(16);
+        .initial_connection_window_size(Some(65_535));
     let mut stuck_node = node(ctx, id);
     stuck_node.id = format!("loadgen-stuck-{id}");
-    for req in delta_opening(&state, stuck_node) {
-        let _ = tx.try_send(req);
-    }
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.map_err(|e| e.to_string())?;
-    let codec = tonic_prost::ProstCodec::<DeltaDiscoveryRequest, LiteResponse>::default();
-    let stream = grpc
-        .streaming(
-            tonic::Request::new(ReceiverStream::new(rx)),
-            http::uri::PathAndQuery::from_static(DELTA_PATH),
-            codec,
-        )
-        .await
-        .map_err(|s| format!("open stream: {s}"))?
-        .into_inner();
-    Ok((tx, stream))
+    open_own_stream(ep, &ClientState::new(id, ctx), stuck_node).await
 }
