@@ -337,6 +337,7 @@ impl Limits {
             requests_per_second: self.max_requests_per_second,
             request_burst: self.request_burst,
             stuck_timeout: self.stuck_client_timeout,
+            max_response_bytes: crate::xds::delta::DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 }

@@ -43,6 +43,7 @@ pub mod name {
     pub const DOWNSTREAM_RESPONSES: &str = "adsrelay_downstream_responses_total";
     pub const DOWNSTREAM_RESOURCES_SENT: &str = "adsrelay_downstream_resources_sent_total";
     pub const DOWNSTREAM_SENT_BYTES: &str = "adsrelay_downstream_sent_bytes_total";
+    pub const DOWNSTREAM_FRAMES: &str = "adsrelay_downstream_frames_total";
     pub const DOWNSTREAM_ACKS: &str = "adsrelay_downstream_acks_total";
     pub const DOWNSTREAM_NACKS: &str = "adsrelay_downstream_nacks_total";
     pub const FANOUT_LATENCY: &str = "adsrelay_fanout_latency_seconds";
@@ -111,6 +112,7 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (name::DOWNSTREAM_RESPONSES, "xDS responses written to downstream clients, by type and protocol."),
     (name::DOWNSTREAM_RESOURCES_SENT, "Resources (and Delta removals) written to downstream clients, by type."),
     (name::DOWNSTREAM_SENT_BYTES, "Encoded size of the xDS responses written to downstream clients, by type."),
+    (name::DOWNSTREAM_FRAMES, "Responses written to downstream clients by origin: shared (the same encoded frame another stream received) or encoded (framed for this stream)."),
     (name::DOWNSTREAM_ACKS, "Responses downstream clients accepted (ACK), by type."),
     (name::DOWNSTREAM_NACKS, "Responses downstream clients rejected (NACK), by type."),
     (
@@ -350,6 +352,8 @@ pub struct Metrics {
     connections_accepted: Counter,
     tls_handshake_failures: [Counter; crate::tls::HandshakeFailure::ALL.len()],
     tls_reloads: [Counter; 2],
+    /// Responses by origin: [shared, encoded].
+    frames: [Counter; 2],
     fanout: Histogram,
     /// Open downstream connections (kept by [`CountedIo`]).
     pub connections: Arc<AtomicI64>,
@@ -412,6 +416,8 @@ impl Metrics {
         });
         let tls_reloads = ["applied", "failed"]
             .map(|r| counter(name::TLS_CERTIFICATE_RELOADS, vec![Label::new("result", r)]));
+        let frames = ["shared", "encoded"]
+            .map(|o| counter(name::DOWNSTREAM_FRAMES, vec![Label::new("origin", o)]));
         let fanout = recorder.register_histogram(&Key::from_name(name::FANOUT_LATENCY), &METADATA);
         recorder
             .register_gauge(
@@ -433,6 +439,7 @@ impl Metrics {
             connections_accepted,
             tls_handshake_failures,
             tls_reloads,
+            frames,
             fanout,
             connections: Arc::new(AtomicI64::new(0)),
             seen_gauges: Mutex::new(HashSet::new()),
@@ -507,7 +514,15 @@ impl Metrics {
         self.connections_accepted.increment(1);
     }
 
-    pub fn response_sent(&self, protocol: &str, type_url: &str, resources: usize, bytes: usize) {
+    pub fn response_sent(
+        &self,
+        protocol: &str,
+        type_url: &str,
+        resources: usize,
+        bytes: usize,
+        shared: bool,
+    ) {
+        self.frames[usize::from(!shared)].increment(1);
         let c = self.per_type(type_url);
         c.responses[protocol_index(protocol)].increment(1);
         c.resources_sent.increment(resources as u64);
@@ -824,7 +839,7 @@ mod tests {
     fn type_labels_are_capped() {
         let m = Metrics::new();
         for i in 0..MAX_TYPE_LABELS + 10 {
-            m.response_sent("delta", &format!("t{i}"), 1, 10);
+            m.response_sent("delta", &format!("t{i}"), 1, 10, false);
         }
         let out = m.render(ScrapeState::default());
         assert!(out.contains("type_url=\"other\""));

@@ -445,9 +445,10 @@ impl StreamHost for Relay {
                 resources,
                 bytes,
                 received_at,
+                shared,
             } => {
                 self.metrics
-                    .response_sent(protocol, type_url, resources, bytes);
+                    .response_sent(protocol, type_url, resources, bytes, shared);
                 if let Some(at) = received_at {
                     self.metrics.fanout_latency(at);
                 }

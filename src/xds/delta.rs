@@ -19,6 +19,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::constraints::{ConstraintKey, Params};
+use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
 use super::resource::{CachedResource, Locator, Name, SubscriptionStamps};
 use super::store::{ChangeSet, Lookup, Store};
@@ -176,6 +177,8 @@ pub struct DeltaStream {
     default_params: Arc<Params>,
     /// Subscriptions whose `do_not_cache` content must be fetched again for this client (C3).
     refetch: Vec<(String, Locator)>,
+    /// The client's receive limit; 0 means [`DEFAULT_MAX_RESPONSE_BYTES`].
+    pub(super) max_response_bytes: usize,
 }
 
 /// B14: clusters before endpoints before listeners before routes, so a client never sees a
@@ -192,21 +195,21 @@ pub(crate) fn type_rank(type_url: &str) -> u8 {
     }
 }
 
-/// A Delta response stops taking resources past this size; the rest follow in further responses.
-/// Every stream's gRPC encode buffer grows to its largest response and keeps that capacity for
-/// the stream's life, so a 1 MiB initial state to 10,000 clients would otherwise pin ~10 GB.
-/// Splitting is free in Delta: each response is applied and ACKed on its own. Measured with 1,000
-/// clients holding 120 resources of 1 KiB: 32 KiB gives 137.6 KiB RSS per client, 16 KiB gives
-/// 109.1 KiB; with 3,000 clients, 16 KiB gives 81.5, 8 KiB 65.7 and 4 KiB 65.0 KiB per client
-/// while 4 KiB costs 30% more CPU to connect (more responses and ACKs): 8 KiB (bench/RESULTS.md).
-pub const RESPONSE_BUDGET_BYTES: usize = 8 * 1024;
+/// The largest response a stream sends unless told otherwise: gRPC's default receive limit. A
+/// Delta state larger than this goes out in several responses, each applied and ACKed on its own.
+/// Responses are framed once into shared bytes (see [`super::frame`]), so no stream keeps an encode
+/// buffer sized to its largest response and nothing else bounds a response's size.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 4 << 20;
+
+/// Room left in a response for everything but resources (type, nonce, removals, errors).
+const RESPONSE_OVERHEAD_BYTES: usize = 64 << 10;
 
 /// One response under construction: deduplicated so no name (or variant) appears twice and none
 /// is both added and removed (A20).
 #[derive(Default)]
 struct Builder {
     resources: Vec<Bytes>,
-    /// Encoded size of `resources`, to cut responses at [`RESPONSE_BUDGET_BYTES`].
+    /// Encoded size of `resources`, to keep responses within the stream's size limit.
     bytes: usize,
     /// Wire identity (see [`wire_id`]) -> the resource sent under it.
     added: HashMap<(Name, ConstraintKey, bool), Arc<CachedResource>>,
@@ -266,6 +269,13 @@ impl DeltaStream {
             default_params: Arc::new(params),
             ..Self::default()
         }
+    }
+
+    /// Responses stay within `bytes` (the client's receive limit), a single resource larger than
+    /// that excepted.
+    pub fn with_max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
+        self
     }
 
     pub fn on_request(
@@ -428,8 +438,41 @@ impl DeltaStream {
         self.types.values().any(|t| t.has_work())
     }
 
-    /// Builds the next response, trying types in B14 order. `None` means nothing to send now.
+    /// Builds the next response, trying types in B14 order, with a nonce of this stream's own
+    /// sequence. `None` means nothing to send now.
     pub fn next_response(&mut self, store: &Store) -> Option<wire::DeltaDiscoveryResponse> {
+        let mut resp = self.next_content(store)?;
+        self.nonce_seq += 1;
+        resp.nonce = self.nonce_seq.to_string();
+        self.sent(&resp.type_url, self.nonce_seq);
+        Some(resp)
+    }
+
+    /// The next response as a shared frame from the store's frame cache (see [`super::frame`]).
+    pub fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
+        let resp = self.next_content(store)?;
+        let type_url = resp.type_url.clone();
+        let resources = resp.resources.len() + resp.removed_resources.len();
+        let (frame, shared) = store.frames().frame(Content::Delta(resp), self.nonce_seq);
+        self.nonce_seq = frame.nonce;
+        self.sent(&type_url, frame.nonce);
+        Some(Outgoing {
+            frame,
+            type_url,
+            resources,
+            shared,
+        })
+    }
+
+    /// A response of `type_url` went out with `nonce`: ACKs and NACKs are judged against it.
+    fn sent(&mut self, type_url: &str, nonce: u64) {
+        if let Some(ts) = self.types.get_mut(type_url) {
+            ts.last_nonce = Some(nonce.to_string());
+        }
+    }
+
+    /// The next response's content (no nonce yet), trying types in B14 order.
+    fn next_content(&mut self, store: &Store) -> Option<wire::DeltaDiscoveryResponse> {
         let mut order: Vec<String> = self
             .types
             .iter()
@@ -446,6 +489,11 @@ impl DeltaStream {
         let synced = store.wildcard_synced(type_url);
         let authoritative = store.wildcard_authoritative(type_url);
         let defaults = self.default_params.clone();
+        let limit = match self.max_response_bytes {
+            0 => DEFAULT_MAX_RESPONSE_BYTES,
+            n => n,
+        };
+        let budget = limit - RESPONSE_OVERHEAD_BYTES.min(limit / 4);
         let ts = self.types.get_mut(type_url)?;
         let mut candidates = std::mem::take(&mut ts.pending);
         if ts.pending_all {
@@ -460,7 +508,7 @@ impl DeltaStream {
         let mut out = Builder::default();
         let mut candidates = candidates.into_iter();
         while let Some(name) = candidates.next() {
-            if out.bytes >= RESPONSE_BUDGET_BYTES {
+            if !out.resources.is_empty() && out.bytes + store.name_bytes(type_url, &name) > budget {
                 // The rest goes in the next response, built when the client can take it.
                 ts.pending.insert(name);
                 ts.pending.extend(candidates);
@@ -542,16 +590,12 @@ impl DeltaStream {
             return None;
         }
         ts.owe_response = false;
-        self.nonce_seq += 1;
-        let nonce = self.nonce_seq.to_string();
-        ts.last_nonce = Some(nonce.clone());
         Some(wire::DeltaDiscoveryResponse {
             type_url: type_url.to_string(),
             resources: out.resources,
             removed_resources: out.removed.into_iter().collect(),
             removed_resource_names: out.removed_variants,
             resource_errors: out.errors,
-            nonce,
             ..Default::default()
         })
     }

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use super::constraints::{ConstraintKey, Params};
 use super::delta::{AckStatus, ProtocolError, RequestEffects};
+use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
 use super::resource::{Locator, Name, SubscriptionStamps};
 use super::store::{ChangeSet, Lookup, Store};
@@ -228,8 +229,41 @@ impl SotwStream {
         }
     }
 
-    /// Builds the next response, in the same cross-type order as Delta (B14).
+    /// Builds the next response, in the same cross-type order as Delta (B14), with a nonce of this
+    /// stream's own sequence.
     pub fn next_response(&mut self, store: &Store) -> Option<wire::DiscoveryResponse> {
+        let mut resp = self.next_content(store)?;
+        self.nonce_seq += 1;
+        resp.nonce = self.nonce_seq.to_string();
+        self.sent(&resp.type_url, self.nonce_seq);
+        Some(resp)
+    }
+
+    /// The next response as a shared frame: every client due the same state of a type (all
+    /// wildcard clients after a change, say) gets the same bytes, encoded once.
+    pub fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
+        let resp = self.next_content(store)?;
+        let type_url = resp.type_url.clone();
+        let resources = resp.resources.len();
+        let (frame, shared) = store.frames().frame(Content::Sotw(resp), self.nonce_seq);
+        self.nonce_seq = frame.nonce;
+        self.sent(&type_url, frame.nonce);
+        Some(Outgoing {
+            frame,
+            type_url,
+            resources,
+            shared,
+        })
+    }
+
+    /// A response of `type_url` went out with `nonce`: ACKs and NACKs are judged against it.
+    fn sent(&mut self, type_url: &str, nonce: u64) {
+        if let Some(ts) = self.types.get_mut(type_url) {
+            ts.last_nonce = Some(nonce.to_string());
+        }
+    }
+
+    fn next_content(&mut self, store: &Store) -> Option<wire::DiscoveryResponse> {
         let mut order: Vec<String> = self
             .types
             .iter()
@@ -380,14 +414,10 @@ impl SotwStream {
         ts.errors_sent.extend(errors.iter().map(|(n, _)| n.clone()));
         let errors = errors.into_iter().map(|(_, e)| e).collect();
         ts.force = false;
-        self.nonce_seq += 1;
-        let nonce = self.nonce_seq.to_string();
-        ts.last_nonce = Some(nonce.clone());
         Some(wire::DiscoveryResponse {
             version_info: version_of(&ts.sent),
             resources: out,
             type_url: type_url.to_string(),
-            nonce,
             resource_errors: errors,
             ..Default::default()
         })

@@ -11,6 +11,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::constraints::{self, ConstraintKey, Params, Selection};
+use super::frame::FrameCache;
 use super::resource::{CachedResource, Name, ResourceError};
 use crate::pb::discovery::{ResourceError as ResourceErrorProto, ResourceName};
 
@@ -134,6 +135,8 @@ pub struct Store {
     seq: u64,
     /// Variants dropped because their TTL ran out, for metrics.
     pub ttl_expired: u64,
+    /// Responses built from this store, framed once and shared by the streams due them.
+    frames: FrameCache,
 }
 
 static NO_PARAMS: std::sync::LazyLock<Params> = std::sync::LazyLock::new(Params::new);
@@ -168,6 +171,11 @@ impl Store {
     /// caches only, so the source serves such content to anyone.
     pub fn is_source(&self) -> bool {
         self.complete
+    }
+
+    /// The shared response frames built from this store's content.
+    pub fn frames(&self) -> &FrameCache {
+        &self.frames
     }
 
     /// The current sequence number: resources that arrive later have a larger `arrival`.
