@@ -18,8 +18,8 @@ pub enum ChurnKind {
     Reconnect,
 }
 
-/// Load generator for adsrelay: N simulated Delta xDS clients against the relay (and, with
-/// --compare, straight against the control plane and against a raw HTTP/2 floor).
+/// Load generator for adsrelay: N simulated xDS clients against the relay (and, with --compare,
+/// against a plain tonic control plane and against the pre-framed floor, side by side).
 #[derive(Debug, Clone, Parser, Serialize)]
 #[command(name = "loadgen", version)]
 pub struct Args {
@@ -90,9 +90,20 @@ pub struct Args {
     /// Soak cycles running at once.
     #[arg(long, default_value_t = 64)]
     pub soak_concurrency: usize,
-    /// Also run the same clients straight against the control plane, and against the raw floor.
+    /// Also run the same clients against `plain` (a minimal tonic control plane, the baseline a
+    /// user would pick instead of the relay) and `floor` (pre-framed bytes, same HTTP/2 stack).
     #[arg(long)]
     pub compare: bool,
+    /// With --compare, also run `demo`: the project's demo control plane (the relay's state
+    /// machines over a complete store).
+    #[arg(long)]
+    pub with_demo: bool,
+    /// Internal: serve this baseline in a child process (loadgen starts these itself).
+    #[arg(long, hide = true, value_enum)]
+    pub serve: Option<crate::server_proc::Baseline>,
+    /// Internal: the workload the --serve child serves, as JSON.
+    #[arg(long, hide = true)]
+    pub serve_workload: Option<String>,
     /// The adsrelay binary to start (default: `adsrelay` next to loadgen, else target/release/adsrelay).
     #[arg(long)]
     pub relay_bin: Option<PathBuf>,
@@ -172,6 +183,9 @@ impl Args {
                     }
                 }
             }
+        }
+        if self.with_demo && !self.compare {
+            return Err("--with-demo needs --compare".into());
         }
         if self.relay_addr.is_some() && self.relay_bin.is_some() {
             return Err("--relay-addr (attach) and --relay-bin (start) exclude each other".into());
