@@ -14,6 +14,7 @@
 //! wildcard type (Delta: the changed resources; SotW: the full state), and one frame per stream for
 //! its changed EDS names. No ACK tracking, no subscription changes, no initial versions.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -58,7 +59,8 @@ struct FloorState {
     /// Full-state frames of Clusters and Listeners for opening streams, [delta, sotw] per kind;
     /// dropped when the kind changes.
     full: [[Option<Bytes>; 2]; 2],
-    streams: Vec<FloorStream>,
+    /// Registered streams by id, until their response body is dropped.
+    streams: HashMap<u64, FloorStream>,
     nonce: u64,
 }
 
@@ -82,7 +84,11 @@ fn frame(msg: &impl Message) -> Bytes {
 impl FloorState {
     fn encode(&mut self, w: &Workload, kind: Kind, i: u32, generation: u32) {
         let r = resource(kind, i, generation, w.resource_bytes);
-        let any = r.resource.as_ref().map(Message::encode_to_vec).unwrap_or_default();
+        let any = r
+            .resource
+            .as_ref()
+            .map(Message::encode_to_vec)
+            .unwrap_or_default();
         self.resources[kind as usize][i as usize] = Bytes::from(r.encode_to_vec());
         self.anys[kind as usize][i as usize] = Bytes::from(any);
     }
@@ -90,7 +96,11 @@ impl FloorState {
     /// One response frame of `kind` carrying the resources `idx` (SotW: their `Any`s).
     fn frame(&mut self, kind: Kind, idx: impl Iterator<Item = u32>, sotw: bool) -> Bytes {
         self.nonce += 1;
-        let (k, nonce, type_url) = (kind as usize, self.nonce.to_string(), kind.type_url().into());
+        let (k, nonce, type_url) = (
+            kind as usize,
+            self.nonce.to_string(),
+            kind.type_url().into(),
+        );
         if sotw {
             frame(&DiscoveryResponse {
                 version_info: format!("g{}", self.generation),
@@ -132,7 +142,7 @@ impl FloorServer {
             resources: empty.clone(),
             anys: empty,
             full: Default::default(),
-            streams: Vec::new(),
+            streams: HashMap::new(),
             nonce: 0,
         };
         for kind in Kind::ALL {
@@ -181,7 +191,7 @@ impl FloorServer {
             }
         }
         // Per wildcard kind: [delta, sotw] frames, built only if some stream speaks the variant.
-        let variants = [false, true].map(|v| st.streams.iter().any(|s| s.sotw == v));
+        let variants = [false, true].map(|v| st.streams.values().any(|s| s.sotw == v));
         let mut shared: Vec<(bool, Bytes)> = Vec::new();
         for kind in [Kind::Cluster, Kind::Listener] {
             let names = &changed.names[kind as usize];
@@ -198,7 +208,7 @@ impl FloorServer {
             }
         }
         let mut streams = std::mem::take(&mut st.streams);
-        streams.retain(|s| {
+        streams.retain(|_, s| {
             let mut ok = true;
             for (_, f) in shared.iter().filter(|(v, _)| *v == s.sotw) {
                 ok &= s.tx.send(f.clone()).is_ok();
@@ -206,10 +216,16 @@ impl FloorServer {
             let mine: Vec<u32> = if s.sotw {
                 s.eds.clone()
             } else {
-                s.eds.iter().copied().filter(|&i| changed.contains_eds(i)).collect()
+                s.eds
+                    .iter()
+                    .copied()
+                    .filter(|&i| changed.contains_eds(i))
+                    .collect()
             };
             if s.eds.iter().any(|&i| changed.contains_eds(i)) {
-                ok &= s.tx.send(st.frame(Kind::Endpoints, mine.into_iter(), s.sotw)).is_ok();
+                ok &=
+                    s.tx.send(st.frame(Kind::Endpoints, mine.into_iter(), s.sotw))
+                        .is_ok();
             }
             ok
         });
@@ -225,7 +241,8 @@ impl FloorServer {
         tx: mpsc::UnboundedSender<Bytes>,
         eds_names: impl Fn(&T) -> Option<Vec<String>>,
     ) {
-        self.streams_opened.fetch_add(1, Ordering::Relaxed);
+        let id = self.streams_opened.fetch_add(1, Ordering::Relaxed);
+        let closed = tx.clone();
         let mut tx = Some(tx);
         while let Ok(Some(req)) = requests.message().await {
             self.requests.fetch_add(1, Ordering::Relaxed);
@@ -235,20 +252,25 @@ impl FloorServer {
             let pool = self.workload.eds_pool;
             let eds: Vec<u32> = names
                 .iter()
-                .filter_map(|n| parse_index(n).filter(|&i| i < pool && Kind::Endpoints.name(i) == *n))
+                .filter_map(|n| {
+                    parse_index(n).filter(|&i| i < pool && Kind::Endpoints.name(i) == *n)
+                })
                 .collect();
             let mut st = crate::sync::lock(&self.state);
             let mut ok = t.send(st.full(Kind::Cluster, sotw)).is_ok();
             ok &= t.send(st.full(Kind::Listener, sotw)).is_ok();
-            ok &= t.send(st.frame(Kind::Endpoints, eds.iter().copied(), sotw)).is_ok();
+            ok &= t
+                .send(st.frame(Kind::Endpoints, eds.iter().copied(), sotw))
+                .is_ok();
             if ok {
-                st.streams.push(FloorStream {
-                    tx: tx.take().expect("checked above"),
-                    eds,
-                    sotw,
-                });
+                let tx = tx.take().expect("checked above");
+                st.streams.insert(id, FloorStream { tx, eds, sotw });
             }
         }
+        // Requests ended (the client reset the stream, or half-closed it): keep pushing until the
+        // response body is gone too, then forget the stream.
+        closed.closed().await;
+        crate::sync::lock(&self.state).streams.remove(&id);
     }
 }
 
@@ -279,8 +301,9 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for FloorService 
         let body = req.into_body();
         let response = match path.as_str() {
             DELTA_PATH => {
-                let decoder = ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::default()
-                    .decoder();
+                let decoder =
+                    ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::default()
+                        .decoder();
                 let requests = Streaming::new_request(decoder, body, None, Some(64 << 20));
                 tokio::spawn(server.read_requests(false, requests, tx, |r| {
                     (r.type_url == Kind::Endpoints.type_url())

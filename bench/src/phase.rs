@@ -63,7 +63,7 @@ enum Upstream {
         stop: Option<oneshot::Sender<()>>,
     },
     /// A baseline in its child process: it is its own upstream.
-    Child(ServerProcess),
+    Child(Box<ServerProcess>),
 }
 
 impl Upstream {
@@ -399,7 +399,7 @@ pub async fn run(
             let p = ServerProcess::start(b, &workload, timeout).await?;
             progress.line(format!("{}: pid {} on {}", b.name(), p.pid, p.addr));
             let (addr, pid) = (p.addr, p.pid);
-            (Upstream::Child(p), addr, Some(pid))
+            (Upstream::Child(Box::new(p)), addr, Some(pid))
         }
         Target::Relay => {
             let (cp, cp_addr, stop) =
@@ -551,15 +551,14 @@ pub async fn run(
     let connected = sample(pid);
 
     // Churn (not against the floor: it ignores subscription changes), then the updates.
-    let churn_task = (args.churn_per_sec > 0.0 && !floor && !ctrl_txs.is_empty())
-        .then(|| {
-            tokio::spawn(churn(
-                ctrl_txs.clone(),
-                args.churn_per_sec,
-                args.churn_kind,
-                args.seed,
-            ))
-        });
+    let churn_task = (args.churn_per_sec > 0.0 && !floor && !ctrl_txs.is_empty()).then(|| {
+        tokio::spawn(churn(
+            ctrl_txs.clone(),
+            args.churn_per_sec,
+            args.churn_kind,
+            args.seed,
+        ))
+    });
     let mut versions = Versions::new(&workload);
     let mut rng = StdRng::seed_from_u64(args.seed);
     let mut results: Vec<UpdateResult> = Vec::new();
@@ -645,7 +644,17 @@ pub async fn run(
 
     // Reconnect storm: every synced client reopens its stream at once.
     let storm = if args.storm {
-        Some(storm(&mut upstream, &ctx, &ctrl_txs, timeout, progress, target.name()).await)
+        Some(
+            storm(
+                &mut upstream,
+                &ctx,
+                &ctrl_txs,
+                timeout,
+                progress,
+                target.name(),
+            )
+            .await,
+        )
     } else {
         None
     };

@@ -78,12 +78,7 @@ impl PlainControlPlane {
         for kind in Kind::ALL {
             for &i in &changed.names[kind as usize] {
                 if let Some(slot) = resources[kind as usize].get_mut(i as usize) {
-                    *slot = Arc::new(resource(
-                        kind,
-                        i,
-                        generation,
-                        self.workload.resource_bytes,
-                    ));
+                    *slot = Arc::new(resource(kind, i, generation, self.workload.resource_bytes));
                 }
             }
         }
@@ -146,7 +141,10 @@ impl TypeState {
         if self.wildcard {
             snap.resources[kind as usize].iter().collect()
         } else {
-            self.names.iter().filter_map(|n| snap.get(kind, n)).collect()
+            self.names
+                .iter()
+                .filter_map(|n| snap.get(kind, n))
+                .collect()
         }
     }
 

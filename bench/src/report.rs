@@ -229,14 +229,46 @@ pub fn ratios(phases: &[PhaseReport]) -> Ratios {
 type Row = (&'static str, fn(&PhaseReport) -> Option<f64>, usize);
 
 const SIDE_BY_SIDE: [Row; 8] = [
-    ("RSS per client after join, KiB", |p| p.server.as_ref().map(|s| s.rss_per_client_kb), 1),
-    ("update p99 to all subscribers, ms", |p| (p.latency.count > 0).then_some(p.latency.p99_ms), 1),
-    ("server CPU per client-update, us", |p| p.server.as_ref().map(|s| s.cpu_per_delivery_us), 1),
-    ("cold join, time to last client, s", |p| Some(p.connect_wall_s), 2),
-    ("server CPU per joining client, us", |p| p.server.as_ref().map(|s| s.cpu_per_joining_client_us), 0),
-    ("responses per joining client", |p| Some(p.join_responses as f64 / f64::from(p.clients.max(1))), 1),
-    ("requests per joining client", |p| Some(p.join_requests as f64 / f64::from(p.clients.max(1))), 1),
-    ("reconnect storm, all resynced, ms", |p| p.storm.as_ref().map(|s| s.wall_ms), 0),
+    (
+        "RSS per client after join, KiB",
+        |p| p.server.as_ref().map(|s| s.rss_per_client_kb),
+        1,
+    ),
+    (
+        "update p99 to all subscribers, ms",
+        |p| (p.latency.count > 0).then_some(p.latency.p99_ms),
+        1,
+    ),
+    (
+        "server CPU per client-update, us",
+        |p| p.server.as_ref().map(|s| s.cpu_per_delivery_us),
+        1,
+    ),
+    (
+        "cold join, time to last client, s",
+        |p| Some(p.connect_wall_s),
+        2,
+    ),
+    (
+        "server CPU per joining client, us",
+        |p| p.server.as_ref().map(|s| s.cpu_per_joining_client_us),
+        0,
+    ),
+    (
+        "responses per joining client",
+        |p| Some(p.join_responses as f64 / f64::from(p.clients.max(1))),
+        1,
+    ),
+    (
+        "requests per joining client",
+        |p| Some(p.join_requests as f64 / f64::from(p.clients.max(1))),
+        1,
+    ),
+    (
+        "reconnect storm, all resynced, ms",
+        |p| p.storm.as_ref().map(|s| s.wall_ms),
+        0,
+    ),
 ];
 
 /// The figures of every target side by side, with relay/plain and relay/floor ratios.
@@ -337,8 +369,16 @@ pub fn summary(r: &RunReport) -> String {
         if let Some(u) = &p.upstream {
             let _ = writeln!(
                 s,
-                "{:<7} upstream: {} streams opened, {} requests; loadgen CPU {:.2} s",
-                p.target, u.streams_opened, u.requests, p.loadgen_cpu_s
+                "{:<7} {}: {} streams opened, {} requests; loadgen CPU {:.2} s",
+                p.target,
+                if p.target == "relay" {
+                    "upstream"
+                } else {
+                    "server saw"
+                },
+                u.streams_opened,
+                u.requests,
+                p.loadgen_cpu_s
             );
         } else {
             let _ = writeln!(s, "{:<7} loadgen CPU {:.2} s", p.target, p.loadgen_cpu_s);

@@ -212,9 +212,27 @@ pub async fn serve(which: Baseline, workload: Workload) -> ExitCode {
             }
         };
         match (cmd, &mut served) {
-            (Cmd::Push { generation, changed }, Served::Plain(cp)) => cp.push(&changed, generation),
-            (Cmd::Push { generation, changed }, Served::Floor(f)) => f.push(&changed, generation),
-            (Cmd::Push { generation, changed }, Served::Demo(cp, w, versions)) => {
+            (
+                Cmd::Push {
+                    generation,
+                    changed,
+                },
+                Served::Plain(cp),
+            ) => cp.push(&changed, generation),
+            (
+                Cmd::Push {
+                    generation,
+                    changed,
+                },
+                Served::Floor(f),
+            ) => f.push(&changed, generation),
+            (
+                Cmd::Push {
+                    generation,
+                    changed,
+                },
+                Served::Demo(cp, w, versions),
+            ) => {
                 versions.apply(&changed, generation);
                 cp.set_resources(build_resources(w, versions));
             }

@@ -13,8 +13,8 @@ use adsrelay_bench::phase::{self, Target};
 use adsrelay_bench::progress::Progress;
 use adsrelay_bench::relay_proc::CHILD_PID;
 use adsrelay_bench::report::{self, RunReport};
-use adsrelay_bench::workload::Workload;
 use adsrelay_bench::server_proc::{self, Baseline};
+use adsrelay_bench::workload::Workload;
 use adsrelay_bench::{plot, procfs};
 
 /// Files the loadgen process needs: its end of every connection (every server runs in a process
