@@ -74,12 +74,12 @@ pub struct Args {
     pub hold_secs: u64,
     /// After the updates (and --hold-secs): every client drops its stream and reconnects at once
     /// (Delta: with initial_resource_versions); reports the time until all are synced again and
-    /// the upstream requests seen meanwhile (relay and direct only).
+    /// the requests the control plane saw meanwhile (relay: its upstream; baselines: themselves).
     #[arg(long)]
     pub storm: bool,
-    /// Extra clients (relay and direct) that subscribe like the others after they synced, then
-    /// never read a response, for the whole phase; the report shows whether the normal clients'
-    /// update latency and the relay's RSS notice.
+    /// Extra clients (every target but the floor) that subscribe like the others after they
+    /// synced, then never read a response, for the whole phase; the report shows whether the
+    /// normal clients' update latency and the server's RSS notice.
     #[arg(long, default_value_t = 0)]
     pub stuck_clients: u32,
     /// Soak (relay target): after everything else, this many extra short-lived clients each

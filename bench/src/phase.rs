@@ -376,7 +376,7 @@ fn sample(pid: Option<u32>) -> ProcSample {
 
 fn rss_msg(pid: Option<u32>) -> String {
     match pid.and_then(procfs::sample) {
-        Some(s) => format!("relay RSS {:.1} MiB", s.rss_kb as f64 / 1024.0),
+        Some(s) => format!("server RSS {:.1} MiB", s.rss_kb as f64 / 1024.0),
         None => String::new(),
     }
 }
