@@ -36,7 +36,7 @@ use adsrelay::pb::discovery::{DeltaDiscoveryRequest, DiscoveryRequest};
 use adsrelay::pb::wire::{DeltaDiscoveryResponse, DiscoveryResponse};
 
 use crate::report::UpstreamFigures;
-use crate::workload::{parse_index, resource, Changed, Kind, Versions, Workload};
+use crate::workload::{parse_index, resource, Changed, Kind, Workload};
 
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const DELTA_PATH: &str =
@@ -52,7 +52,6 @@ struct FloorStream {
 
 struct FloorState {
     generation: u32,
-    versions: Versions,
     /// Encoded `Resource`s (Delta) and their encoded `Any`s (SotW), per kind, at current versions.
     resources: [Vec<Bytes>; 3],
     anys: [Vec<Bytes>; 3],
@@ -134,11 +133,9 @@ impl FloorState {
 
 impl FloorServer {
     pub fn new(workload: Arc<Workload>) -> Arc<Self> {
-        let versions = Versions::new(&workload);
         let empty = Kind::ALL.map(|k| vec![Bytes::new(); workload.count(k) as usize]);
         let mut st = FloorState {
             generation: 0,
-            versions,
             resources: empty.clone(),
             anys: empty,
             full: Default::default(),
@@ -182,7 +179,6 @@ impl FloorServer {
         let mut guard = crate::sync::lock(&self.state);
         let st = &mut *guard;
         st.generation = generation;
-        st.versions.apply(changed, generation);
         for kind in Kind::ALL {
             for &i in &changed.names[kind as usize] {
                 if i < self.workload.count(kind) {
