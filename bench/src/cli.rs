@@ -74,7 +74,8 @@ pub struct Args {
     pub hold_secs: u64,
     /// After the updates (and --hold-secs): every client drops its stream and reconnects at once
     /// (Delta: with initial_resource_versions); reports the time until all are synced again and
-    /// the requests the control plane saw meanwhile (relay: its upstream; baselines: themselves).
+    /// the requests the control plane saw meanwhile (relay: its upstream; baselines: themselves;
+    /// not the Delta floor, which ignores initial versions).
     #[arg(long)]
     pub storm: bool,
     /// Extra clients (every target but the floor) that subscribe like the others after they

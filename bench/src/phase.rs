@@ -643,7 +643,9 @@ pub async fn run(
     }
 
     // Reconnect storm: every synced client reopens its stream at once.
-    let storm = if args.storm {
+    // Not the Delta floor: it ignores initial_resource_versions and resends everything, so its
+    // storm would not be the floor of anything.
+    let storm = if args.storm && !(floor && args.protocol == Protocol::Delta) {
         Some(
             storm(
                 &mut upstream,
