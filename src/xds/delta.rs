@@ -21,8 +21,9 @@ use bytes::Bytes;
 use super::constraints::{ConstraintKey, Params};
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
-use super::resource::{CachedResource, Locator, Name, SubscriptionStamps};
+use super::resource::{canonical_name, CachedResource, Locator, Name, SubscriptionStamps};
 use super::store::{ChangeSet, Lookup, Store};
+use super::xdstp;
 use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceError, ResourceName};
 use crate::pb::wire;
 
@@ -138,6 +139,8 @@ struct TypeState {
     errors_sent: HashSet<Name>,
     /// An initial wildcard request waits for a response even if it is empty (A2).
     owe_response: bool,
+    /// Malformed xdstp names the client subscribed to, not yet reported (A29).
+    invalid: BTreeMap<Name, String>,
     last_nonce: Option<String>,
     last_ack: Option<String>,
     last_nack: Option<(String, String)>,
@@ -149,6 +152,7 @@ impl TypeState {
             || self.pending_all
             || self.owe_response
             || !self.heartbeats.is_empty()
+            || !self.invalid.is_empty()
     }
 
     fn explicit_contains(&self, l: &Locator) -> bool {
@@ -200,6 +204,9 @@ pub(crate) fn type_rank(type_url: &str) -> u8 {
 /// Responses are framed once into shared bytes (see [`super::frame`]), so no stream keeps an encode
 /// buffer sized to its largest response and nothing else bounds a response's size.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 4 << 20;
+
+/// `google.rpc.Code.INVALID_ARGUMENT`, for names the relay cannot subscribe to.
+const INVALID_ARGUMENT: i32 = 3;
 
 /// Room left in a response for everything but resources (type, nonce, removals, errors).
 const RESPONSE_OVERHEAD_BYTES: usize = 64 << 10;
@@ -304,6 +311,18 @@ impl DeltaStream {
         let mut effects = RequestEffects::new(&req.type_url);
         let first = !self.types.contains_key(&req.type_url);
         let ts = self.types.entry(req.type_url.clone()).or_default();
+        // A29: a malformed xdstp name is not subscribed; the client gets a resource error naming
+        // it (INVALID_ARGUMENT), and every other name of the request is served as usual.
+        let subscribe: Vec<(Locator, bool)> = subscribe
+            .into_iter()
+            .filter(|(l, _)| match xdstp::canonical(&l.name) {
+                Ok(_) => true,
+                Err(e) => {
+                    ts.invalid.insert(l.name.clone(), e.to_string());
+                    false
+                }
+            })
+            .collect();
 
         if first {
             // A1: an empty first subscribe list is a legacy wildcard.
@@ -312,7 +331,7 @@ impl DeltaStream {
             }
             // A11/A12/A14: the versions the client holds; they are not subscriptions.
             for (name, version) in &req.initial_resource_versions {
-                let l = Locator::with_params(name.as_str(), defaults.clone());
+                let l = Locator::with_params(canonical_name(name), defaults.clone());
                 ts.pending.insert(l.name.clone());
                 ts.known.insert(l, Held::Reported(version.as_str().into()));
             }
@@ -330,7 +349,8 @@ impl DeltaStream {
             ts.pending.insert(l.name.clone());
             // A7: resend even if the client has it — except on the first request of a stream,
             // where initial_resource_versions says what it has (A11).
-            if !(first && req.initial_resource_versions.contains_key(&*l.name)) {
+            let reported = Locator::with_params(l.name.clone(), defaults.clone());
+            if !(first && ts.known.contains_key(&reported)) {
                 ts.forced.insert(l);
             }
         }
@@ -583,6 +603,20 @@ impl DeltaStream {
                     out.resources.push(hb.clone());
                 }
             }
+        }
+
+        for (name, message) in std::mem::take(&mut ts.invalid) {
+            out.errors.push(ResourceError {
+                resource_name: Some(ResourceName {
+                    name: name.to_string(),
+                    dynamic_parameter_constraints: None,
+                }),
+                error_detail: Some(crate::pb::rpc::Status {
+                    code: INVALID_ARGUMENT,
+                    message,
+                    details: vec![],
+                }),
+            });
         }
 
         let answer_owed = ts.owe_response && synced;

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use prost::Message;
 
 use super::constraints::{self, ConstraintKey, Params};
+use super::xdstp;
 use crate::pb::discovery::{DynamicParameterConstraints, ResourceName};
 use crate::pb::wire::ResourceHeader;
 
@@ -90,7 +91,8 @@ impl Locator {
 
     /// The subscriptions of one request list: plain names (with the stream's default parameters,
     /// `true`: answered by name) followed by `ResourceLocator`s (`false`: answered with
-    /// `resource_name`).
+    /// `resource_name`). xdstp names are keyed by their canonical form (A29); a malformed one is
+    /// kept as sent (it matches nothing; the Delta stream reports it, see [`canonical_name`]).
     pub fn from_request(
         names: &[String],
         locators: &[crate::pb::discovery::ResourceLocator],
@@ -98,12 +100,26 @@ impl Locator {
     ) -> Vec<(Locator, bool)> {
         names
             .iter()
-            .map(|n| (Locator::with_params(n.as_str(), defaults.clone()), true))
+            .map(|n| {
+                (
+                    Locator::with_params(canonical_name(n), defaults.clone()),
+                    true,
+                )
+            })
             .chain(locators.iter().map(|l| {
                 let params = Arc::new(constraints::params_of(l));
-                (Locator::with_params(l.name.as_str(), params), false)
+                (Locator::with_params(canonical_name(&l.name), params), false)
             }))
             .collect()
+    }
+}
+
+/// The name under which the relay keys `name`: the canonical form of a valid xdstp name (A29),
+/// anything else as it is.
+pub fn canonical_name(name: &str) -> Name {
+    match xdstp::canonical(name) {
+        Ok(c) => Name::from(&*c),
+        Err(_) => Name::from(name),
     }
 }
 
@@ -122,6 +138,11 @@ pub struct CachedResource {
     pub any: Bytes,
     /// The variant's constraints (from `resource_name`), `None` for a plain-named resource.
     pub constraints: Option<DynamicParameterConstraints>,
+    /// `Resource.aliases` (VHDS): other names that resolve to this resource (A25).
+    pub aliases: Vec<Name>,
+    /// A body-less resource whose aliases include its own name: the upstream's answer for an alias
+    /// it cannot resolve (A25), passed through as it is; not a heartbeat.
+    pub unresolved_alias: bool,
     /// `Resource.ttl`: clients drop the resource if it is not refreshed in time; so does the
     /// relay's cache (D6).
     pub ttl: Option<std::time::Duration>,
@@ -164,6 +185,17 @@ impl CachedResource {
     pub fn decode(encoded: Bytes) -> Result<Self, ResourceError> {
         let header = ResourceHeader::decode(encoded.clone())
             .map_err(|e| ResourceError::Malformed(e.to_string()))?;
+        // A29: an upstream spelling an xdstp name differently is re-encoded once, here, so that
+        // clients receive (and the store keys) the canonical form. A malformed xdstp name stays as
+        // sent: no client can subscribe to it, so it is never delivered.
+        if header.resource_name.is_none() {
+            if let Ok(std::borrow::Cow::Owned(c)) = xdstp::canonical(&header.name) {
+                let mut r = crate::pb::discovery::Resource::decode(encoded)
+                    .map_err(|e| ResourceError::Malformed(e.to_string()))?;
+                r.name = c;
+                return Self::decode(Bytes::from(r.encode_to_vec()));
+            }
+        }
         let constraints = header
             .resource_name
             .as_ref()
@@ -183,7 +215,10 @@ impl CachedResource {
                 .ok()
                 .and_then(|d| std::time::Duration::try_from(d).ok())
         };
+        let unresolved_alias = header.resource.is_none() && header.aliases.contains(&name);
         Ok(CachedResource {
+            aliases: header.aliases.iter().map(|a| canonical_name(a)).collect(),
+            unresolved_alias,
             name: name.into(),
             version: header.version,
             body_type_url: header.resource.map(|a| a.type_url).unwrap_or_default(),
@@ -270,7 +305,7 @@ impl CachedResource {
 
     /// A resource with no body is a TTL heartbeat (it only refreshes the resource's timer).
     pub fn is_heartbeat(&self) -> bool {
-        self.body_type_url.is_empty()
+        self.body_type_url.is_empty() && !self.unresolved_alias
     }
 }
 

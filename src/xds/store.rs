@@ -12,7 +12,8 @@ use bytes::Bytes;
 
 use super::constraints::{self, ConstraintKey, Params, Selection};
 use super::frame::FrameCache;
-use super::resource::{CachedResource, Name, ResourceError};
+use super::resource::{canonical_name, CachedResource, Name, ResourceError};
+use super::xdstp;
 use crate::pb::discovery::{ResourceError as ResourceErrorProto, ResourceName};
 
 /// Ambiguous variant matches (E7), counted here because lookups borrow the store immutably; the
@@ -313,9 +314,13 @@ impl Store {
     pub fn apply(
         &mut self,
         type_url: &str,
-        update: UpstreamUpdate,
+        mut update: UpstreamUpdate,
         wildcard_answered: bool,
     ) -> Result<ChangeSet, ApplyError> {
+        // A29: removals name resources as the store keys them.
+        for n in update.removed.iter_mut().filter(|n| xdstp::is_xdstp(n)) {
+            *n = canonical_name(n).to_string();
+        }
         let mut parsed = Vec::with_capacity(update.resources.len());
         let mut seen: HashSet<(Name, ConstraintKey)> =
             HashSet::with_capacity(update.resources.len());
@@ -343,7 +348,7 @@ impl Store {
                         got: r.version,
                     });
                 }
-            } else if r.body_type_url != type_url {
+            } else if !r.unresolved_alias && r.body_type_url != type_url {
                 return Err(ApplyError::TypeMismatch {
                     name: r.name.to_string(),
                     got: r.body_type_url,
@@ -411,13 +416,14 @@ impl Store {
             entry.variants.insert(r.key.clone(), Arc::new(r));
         }
         for name in update.removed {
-            let entry = ts.names.entry(name.as_str().into()).or_default();
+            let name = Name::from(name);
+            let entry = ts.names.entry(name.clone()).or_default();
             let was_absent = entry.absent && entry.variants.is_empty();
             entry.variants.clear();
             entry.absent = true;
             entry.error = None;
             if !was_absent {
-                changed.push(name.into());
+                changed.push(name);
             }
         }
         for rn in update.removed_variants {
@@ -432,11 +438,11 @@ impl Store {
             }
         }
         for err in update.errors {
-            let Some(name) = err.resource_name.as_ref().map(|r| r.name.clone()) else {
+            let Some(name) = err.resource_name.as_ref().map(|r| canonical_name(&r.name)) else {
                 continue;
             };
-            ts.names.entry(name.as_str().into()).or_default().error = Some(err);
-            changed.push(name.into());
+            ts.names.entry(name.clone()).or_default().error = Some(err);
+            changed.push(name);
         }
         changed.sort();
         changed.dedup();

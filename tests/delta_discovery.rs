@@ -1,0 +1,268 @@
+//! Delta-only discovery through the protocol core (xds-conformance.md A25–A29, on-demand): xdstp
+//! names and their canonical form, glob collections, VHDS aliases, and names subscribed
+//! mid-stream. Driven through `GroupState` and `DeltaStream` the way the relay's adapter drives
+//! them (requests -> group effects; upstream responses -> affected streams -> responses), with
+//! no sockets. Every test asserts what a client or the upstream would observe.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use adsrelay::pb::discovery::{DeltaDiscoveryRequest, Resource};
+use adsrelay::pb::wire;
+use adsrelay::xds::*;
+use bytes::Bytes;
+use prost::Message;
+
+const LDS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+// ---------------------------------------------------------------------------------------------
+
+fn resource(type_url: &str, name: &str, version: &str, aliases: &[&str]) -> Resource {
+    Resource {
+        name: name.into(),
+        version: version.into(),
+        resource: Some(prost_types::Any {
+            type_url: type_url.into(),
+            value: format!("{name}@{version}").into_bytes(),
+        }),
+        aliases: aliases.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn res(type_url: &str, name: &str, version: &str) -> Bytes {
+    resource(type_url, name, version, &[])
+        .encode_to_vec()
+        .into()
+}
+
+/// What a client decodes from one response.
+#[derive(Debug, Clone, Default)]
+struct Resp {
+    /// name -> (version, aliases, has a body)
+    resources: BTreeMap<String, (String, Vec<String>, bool)>,
+    removed: BTreeSet<String>,
+    /// (name, google.rpc code)
+    errors: Vec<(String, i32)>,
+}
+
+impl Resp {
+    fn names(&self) -> BTreeSet<&str> {
+        self.resources.keys().map(String::as_str).collect()
+    }
+}
+
+fn decode(r: wire::DeltaDiscoveryResponse) -> Resp {
+    assert!(!r.nonce.is_empty());
+    let mut out = Resp::default();
+    for b in &r.resources {
+        let x = Resource::decode(&b[..]).expect("resource decodes");
+        let prev = out
+            .resources
+            .insert(x.name.clone(), (x.version, x.aliases, x.resource.is_some()));
+        assert!(prev.is_none(), "A20: duplicate {}", x.name);
+    }
+    out.removed = r.removed_resources.into_iter().collect();
+    out.errors = r
+        .resource_errors
+        .into_iter()
+        .map(|e| {
+            (
+                e.resource_name.map(|n| n.name).unwrap_or_default(),
+                e.error_detail.map_or(0, |s| s.code),
+            )
+        })
+        .collect();
+    out
+}
+
+/// One group with its downstream streams, driven like the relay's adapter drives them.
+struct World {
+    group: GroupState,
+    streams: BTreeMap<StreamId, DeltaStream>,
+    now: Instant,
+}
+
+type Upstream = Vec<(String, Vec<String>, Vec<String>)>;
+
+impl World {
+    fn new() -> Self {
+        World {
+            group: GroupState::new(Duration::ZERO),
+            streams: BTreeMap::new(),
+            now: Instant::now(),
+        }
+    }
+
+    fn request(&mut self, id: StreamId, r: DeltaDiscoveryRequest) {
+        let s = self.streams.entry(id).or_default();
+        let effects = s.on_request(&r).expect("request accepted");
+        let seq = self.group.apply_effects(id, &effects, self.now);
+        s.subscribed_at(seq);
+    }
+
+    fn sub(&mut self, id: StreamId, type_url: &str, names: &[&str]) {
+        self.request(id, req(type_url, names, &[]));
+    }
+
+    fn unsub(&mut self, id: StreamId, type_url: &str, names: &[&str]) {
+        self.request(id, req(type_url, &[], names));
+    }
+
+    /// One upstream response; notifies the affected streams.
+    fn upstream(&mut self, type_url: &str, resources: Vec<Bytes>, removed: &[&str]) {
+        let changes = self
+            .group
+            .apply_upstream(
+                type_url,
+                UpstreamUpdate {
+                    resources,
+                    removed: removed.iter().map(|n| n.to_string()).collect(),
+                    ..Default::default()
+                },
+            )
+            .expect("upstream response accepted");
+        for id in self.group.affected(&changes) {
+            if let Some(s) = self.streams.get_mut(&id) {
+                s.on_change(&changes);
+            }
+        }
+    }
+
+    /// Every response stream `id` sends now.
+    fn drain(&mut self, id: StreamId) -> Vec<Resp> {
+        let s = self.streams.get_mut(&id).expect("stream");
+        let mut out = Vec::new();
+        while let Some(r) = s.next_response(&self.group.store) {
+            out.push(decode(r));
+            assert!(out.len() < 16, "stream keeps producing responses");
+        }
+        out
+    }
+
+    fn one(&mut self, id: StreamId) -> Resp {
+        let mut out = self.drain(id);
+        assert_eq!(out.len(), 1, "expected one response, got {out:?}");
+        out.remove(0)
+    }
+
+    fn none(&mut self, id: StreamId) {
+        let out = self.drain(id);
+        assert!(out.is_empty(), "expected silence, got {out:?}");
+    }
+
+    /// Subscription changes sent upstream since the last call: (type, subscribe, unsubscribe).
+    fn upstream_changes(&mut self) -> Upstream {
+        self.group
+            .take_upstream_changes()
+            .into_iter()
+            .map(|c| {
+                (
+                    c.type_url,
+                    c.subscribe.iter().map(|l| l.name.to_string()).collect(),
+                    c.unsubscribe.iter().map(|l| l.name.to_string()).collect(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn req(type_url: &str, sub: &[&str], unsub: &[&str]) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: type_url.into(),
+        resource_names_subscribe: sub.iter().map(|n| n.to_string()).collect(),
+        resource_names_unsubscribe: unsub.iter().map(|n| n.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn set<'a>(names: &[&'a str]) -> BTreeSet<&'a str> {
+    names.iter().copied().collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// A29: xdstp context-parameter normalization
+// ---------------------------------------------------------------------------------------------
+
+const X_BA: &str = "xdstp://a/envoy.config.listener.v3.Listener/x?b=2&a=1";
+const X_AB: &str = "xdstp://a/envoy.config.listener.v3.Listener/x?a=1&b=2";
+
+#[test]
+fn a29_differently_ordered_params_are_one_resource_emitted_canonically() {
+    let mut w = World::new();
+    w.sub(1, LDS, &[X_BA]);
+    // The upstream is asked for the canonical form.
+    assert_eq!(
+        w.upstream_changes(),
+        vec![(LDS.to_string(), vec![X_AB.to_string()], vec![])]
+    );
+    // A second client spelling it the other way shares that one upstream subscription.
+    w.sub(2, LDS, &[X_AB]);
+    assert_eq!(w.upstream_changes(), vec![]);
+    // The upstream answers with yet another spelling: both clients get it, canonically named.
+    w.upstream(
+        LDS,
+        vec![res(
+            LDS,
+            "xdstp://a/envoy.config.listener.v3.Listener/x?b=2&a=1",
+            "v1",
+        )],
+        &[],
+    );
+    for id in [1, 2] {
+        let r = w.one(id);
+        assert_eq!(r.names(), set(&[X_AB]));
+    }
+    // Unsubscribing with a third spelling (same set) releases the subscription.
+    w.unsub(1, LDS, &[X_BA]);
+    w.unsub(2, LDS, &[X_BA]);
+    assert_eq!(
+        w.upstream_changes(),
+        vec![(LDS.to_string(), vec![], vec![X_AB.to_string()])]
+    );
+}
+
+#[test]
+fn a29_upstream_removal_in_another_spelling_reaches_the_client() {
+    let mut w = World::new();
+    w.sub(1, LDS, &[X_AB]);
+    w.upstream(LDS, vec![res(LDS, X_AB, "v1")], &[]);
+    w.one(1);
+    w.upstream(LDS, vec![], &[X_BA]);
+    assert_eq!(w.one(1).removed, [X_AB.to_string()].into());
+}
+
+#[test]
+fn a29_initial_resource_versions_are_matched_canonically() {
+    let mut w = World::new();
+    w.sub(9, LDS, &[X_AB]);
+    w.upstream(LDS, vec![res(LDS, X_AB, "v1")], &[]);
+    // A reconnecting client reports the version it holds under another spelling: nothing to send.
+    let mut r = req(LDS, &[X_BA], &[]);
+    r.initial_resource_versions.insert(X_BA.into(), "v1".into());
+    w.request(1, r);
+    w.none(1);
+}
+
+#[test]
+fn a29_malformed_xdstp_name_gets_an_error_for_that_name_only() {
+    let mut w = World::new();
+    let bad = "xdstp://a/envoy.config.listener.v3.Listener/x?k=1&k=2";
+    w.sub(1, LDS, &[bad, X_AB]);
+    w.sub(2, LDS, &[X_AB]);
+    // The malformed name never goes upstream.
+    assert_eq!(
+        w.upstream_changes(),
+        vec![(LDS.to_string(), vec![X_AB.to_string()], vec![])]
+    );
+    let r = w.one(1);
+    assert_eq!(r.errors, vec![(bad.to_string(), 3)], "INVALID_ARGUMENT");
+    assert!(r.resources.is_empty());
+    w.none(2);
+    // The rest of both streams works.
+    w.upstream(LDS, vec![res(LDS, X_AB, "v1")], &[]);
+    assert_eq!(w.one(1).names(), set(&[X_AB]));
+    assert_eq!(w.one(2).names(), set(&[X_AB]));
+}
