@@ -266,3 +266,124 @@ fn a29_malformed_xdstp_name_gets_an_error_for_that_name_only() {
     assert_eq!(w.one(1).names(), set(&[X_AB]));
     assert_eq!(w.one(2).names(), set(&[X_AB]));
 }
+
+// ---------------------------------------------------------------------------------------------
+// A28: xdstp glob collections
+// ---------------------------------------------------------------------------------------------
+
+const GLOB: &str = "xdstp://auth/envoy.config.listener.v3.Listener/foo/*?node_type=ingress";
+const FOO_A: &str = "xdstp://auth/envoy.config.listener.v3.Listener/foo/a?node_type=ingress";
+const FOO_B: &str = "xdstp://auth/envoy.config.listener.v3.Listener/foo/b?node_type=ingress";
+const FOO_EGRESS: &str = "xdstp://auth/envoy.config.listener.v3.Listener/foo/c?node_type=egress";
+const FOO_DEEP: &str = "xdstp://auth/envoy.config.listener.v3.Listener/foo/x/y?node_type=ingress";
+
+#[test]
+fn a28_glob_delivers_the_collection_and_follows_it() {
+    let mut w = World::new();
+    w.sub(1, LDS, &[GLOB]);
+    // The upstream is asked for the collection itself.
+    assert_eq!(
+        w.upstream_changes(),
+        vec![(LDS.to_string(), vec![GLOB.to_string()], vec![])]
+    );
+    w.none(1);
+    // An xdstp-aware upstream expands it; it also sent (extra) names outside the collection.
+    w.upstream(
+        LDS,
+        vec![
+            res(LDS, FOO_A, "v1"),
+            res(LDS, FOO_B, "v1"),
+            res(LDS, FOO_EGRESS, "v1"),
+            res(LDS, FOO_DEEP, "v1"),
+        ],
+        &[],
+    );
+    assert_eq!(w.one(1).names(), set(&[FOO_A, FOO_B]));
+    // An update of one member, then its removal.
+    w.upstream(LDS, vec![res(LDS, FOO_A, "v2")], &[]);
+    let r = w.one(1);
+    assert_eq!(r.resources[FOO_A].0, "v2");
+    assert_eq!(r.names(), set(&[FOO_A]));
+    w.upstream(LDS, vec![], &[FOO_A]);
+    assert_eq!(w.one(1).removed, [FOO_A.to_string()].into());
+    // The last member goes: the collection is empty, and the client is told so, once.
+    w.upstream(LDS, vec![], &[FOO_B]);
+    let r = w.one(1);
+    assert_eq!(r.removed, [FOO_B.to_string(), GLOB.to_string()].into());
+    w.none(1);
+    // A new member arrives.
+    w.upstream(LDS, vec![res(LDS, FOO_B, "v3")], &[]);
+    assert_eq!(w.one(1).names(), set(&[FOO_B]));
+}
+
+#[test]
+fn a28_empty_collection_is_removed_once_the_upstream_answers() {
+    let mut w = World::new();
+    w.sub(1, LDS, &[GLOB]);
+    // Nothing known yet: no premature removal.
+    w.none(1);
+    w.upstream(LDS, vec![], &[GLOB]);
+    assert_eq!(w.one(1).removed, [GLOB.to_string()].into());
+}
+
+#[test]
+fn a28_clients_share_one_upstream_subscription_per_collection() {
+    let mut w = World::new();
+    for id in 1..=5 {
+        w.sub(id, LDS, &[GLOB]);
+    }
+    assert_eq!(
+        w.upstream_changes(),
+        vec![(LDS.to_string(), vec![GLOB.to_string()], vec![])]
+    );
+    assert_eq!(w.group.interest.upstream_subscription_count(), 1);
+    w.upstream(LDS, vec![res(LDS, FOO_A, "v1")], &[]);
+    for id in 1..=5 {
+        assert_eq!(w.one(id).names(), set(&[FOO_A]));
+    }
+    // A late joiner is served from the cache, with no new upstream subscription.
+    w.sub(6, LDS, &[GLOB]);
+    assert_eq!(w.one(6).names(), set(&[FOO_A]));
+    assert_eq!(w.upstream_changes(), vec![]);
+    // The collection is unsubscribed upstream when the last client leaves; the cache forgets it.
+    for id in 1..=6 {
+        w.unsub(id, LDS, &[GLOB]);
+    }
+    assert_eq!(
+        w.upstream_changes(),
+        vec![(LDS.to_string(), vec![], vec![GLOB.to_string()])]
+    );
+    assert!(matches!(w.group.store.lookup(LDS, FOO_A), Lookup::Unknown));
+}
+
+#[test]
+fn a28_unsubscribed_glob_stops_updates_but_a_named_member_stays() {
+    let mut w = World::new();
+    w.sub(1, LDS, &[GLOB, FOO_A]);
+    w.upstream(LDS, vec![res(LDS, FOO_A, "v1"), res(LDS, FOO_B, "v1")], &[]);
+    assert_eq!(w.one(1).names(), set(&[FOO_A, FOO_B]));
+    w.unsub(1, LDS, &[GLOB]);
+    w.none(1);
+    w.upstream(LDS, vec![res(LDS, FOO_A, "v2"), res(LDS, FOO_B, "v2")], &[]);
+    // Only the name subscribed by itself is still delivered (FOO_B is no longer kept).
+    let r = w.one(1);
+    assert_eq!(r.names(), set(&[FOO_A]));
+}
+
+#[test]
+fn a28_glob_spelled_with_other_param_order_is_the_same_collection() {
+    let mut w = World::new();
+    let glob_ba = "xdstp://auth/envoy.config.listener.v3.Listener/foo/*?z=1&node_type=ingress";
+    let member = "xdstp://auth/envoy.config.listener.v3.Listener/foo/a?node_type=ingress&z=1";
+    w.sub(1, LDS, &[glob_ba]);
+    w.upstream(
+        LDS,
+        vec![res(
+            LDS,
+            "xdstp://auth/envoy.config.listener.v3.Listener/foo/a?z=1&node_type=ingress",
+            "v1",
+        )],
+        &[],
+    );
+    assert_eq!(w.one(1).names(), set(&[member]));
+}

@@ -13,7 +13,7 @@
 //! subscriptions by `resource_locators_subscribe` receive `resource_name` with the variant's
 //! constraints, and variant removals as `removed_resource_names` (E9, E11).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -141,6 +141,8 @@ struct TypeState {
     owe_response: bool,
     /// Malformed xdstp names the client subscribed to, not yet reported (A29).
     invalid: BTreeMap<Name, String>,
+    /// Subscribed glob collections last reported empty (A28).
+    empty_globs: HashSet<Name>,
     last_nonce: Option<String>,
     last_ack: Option<String>,
     last_nack: Option<(String, String)>,
@@ -390,6 +392,16 @@ impl DeltaStream {
                 // A9: no response needed; stop tracking so a later subscribe starts fresh.
                 ts.known.remove(&l);
                 ts.forced.remove(&l);
+                if ts.empty_globs.remove(&l.name) || xdstp::is_glob(&l.name) {
+                    // A28: so are the members the glob alone covered.
+                    let explicit = &ts.explicit;
+                    ts.known.retain(|k, _| {
+                        xdstp::collection_of(&k.name).as_deref() != Some(&*l.name)
+                            || explicit
+                                .get(&k.name)
+                                .is_some_and(|m| m.contains_key(&k.params))
+                    });
+                }
             }
         }
 
@@ -526,8 +538,10 @@ impl DeltaStream {
         }
 
         let mut out = Builder::default();
-        let mut candidates = candidates.into_iter();
-        while let Some(name) = candidates.next() {
+        let mut candidates: VecDeque<Name> = candidates.into_iter().collect();
+        // Glob collections whose emptiness may have changed (A28).
+        let mut globs: BTreeSet<Name> = BTreeSet::new();
+        while let Some(name) = candidates.pop_front() {
             if !out.resources.is_empty() && out.bytes + store.name_bytes(type_url, &name) > budget {
                 // The rest goes in the next response, built when the client can take it.
                 ts.pending.insert(name);
@@ -535,6 +549,10 @@ impl DeltaStream {
                 break;
             }
             if &*name == WILDCARD {
+                continue;
+            }
+            if Self::expand_glob(ts, type_url, store, &name, &mut candidates) {
+                globs.insert(name);
                 continue;
             }
             // Every subscription of this name on the stream: explicit ones, the wildcard's, and
@@ -546,6 +564,16 @@ impl DeltaStream {
                         Locator::with_params(name.clone(), p.clone()),
                         (*by_name, true),
                     );
+                }
+            }
+            // A28: a member of a subscribed glob collection is covered by it.
+            if let Some(glob) = xdstp::collection_of(&name).map(Name::from) {
+                if let Some(params) = ts.explicit.get(&glob) {
+                    for (p, by_name) in params {
+                        subs.entry(Locator::with_params(name.clone(), p.clone()))
+                            .or_insert((*by_name, true));
+                    }
+                    globs.insert(glob);
                 }
             }
             let wild = Locator::with_params(name.clone(), defaults.clone());
@@ -580,6 +608,21 @@ impl DeltaStream {
                 }
             } else {
                 ts.errors_sent.remove(&name);
+            }
+        }
+
+        // A28: a subscribed collection the upstream answered that has no member is removed, once
+        // per time it becomes empty.
+        for glob in globs {
+            if !ts.explicit.contains_key(&glob) {
+                continue;
+            }
+            if store.collection_members(type_url, &glob).next().is_some() {
+                ts.empty_globs.remove(&glob);
+            } else if store.collection_answered(type_url, &glob)
+                && ts.empty_globs.insert(glob.clone())
+            {
+                out.removed.insert(glob.to_string());
             }
         }
 
@@ -634,6 +677,44 @@ impl DeltaStream {
         })
     }
 
+    /// If `name` is a glob collection this stream subscribes to, queues every member the store
+    /// holds for evaluation (a forced glob forces its members, A7) and returns true.
+    fn expand_glob(
+        ts: &mut TypeState,
+        type_url: &str,
+        store: &Store,
+        name: &Name,
+        queue: &mut VecDeque<Name>,
+    ) -> bool {
+        if !xdstp::is_xdstp(name) || !xdstp::is_glob(name) {
+            return false;
+        }
+        let Some(params) = ts.explicit.get(name) else {
+            return false;
+        };
+        let params: Vec<Arc<Params>> = params.keys().cloned().collect();
+        for p in params {
+            let glob = Locator::with_params(name.clone(), p.clone());
+            let forced = ts.forced.remove(&glob);
+            for m in store.collection_members(type_url, name) {
+                if forced {
+                    ts.forced.insert(Locator::with_params(m.clone(), p.clone()));
+                }
+                queue.push_back(m.clone());
+            }
+        }
+        true
+    }
+
+    /// The glob subscription that covers `l` on this stream, if `l` is not subscribed itself.
+    fn via_glob(ts: &TypeState, l: &Locator) -> Option<Locator> {
+        if ts.explicit_contains(l) {
+            return None;
+        }
+        let glob = Locator::with_params(xdstp::collection_of(&l.name)?, l.params.clone());
+        ts.explicit_contains(&glob).then_some(glob)
+    }
+
     /// Decides what one subscription gets now.
     #[allow(clippy::too_many_arguments)]
     fn evaluate(
@@ -670,9 +751,12 @@ impl DeltaStream {
                 let held = ts.known.get(l);
                 if r.do_not_cache && !store.is_source() && !held.is_some_and(|h| h.is(r)) {
                     // D2: only for subscriptions that were waiting when it arrived.
-                    let since = ts.stamps.get(l).unwrap_or(u64::MAX);
+                    // A glob's members were subscribed (and are refetched) by the glob.
+                    let via = Self::via_glob(ts, l);
+                    let sub = via.as_ref().unwrap_or(l);
+                    let since = ts.stamps.get(sub).unwrap_or(u64::MAX);
                     if r.arrival <= since {
-                        refetch.push((type_url.to_string(), l.clone()));
+                        refetch.push((type_url.to_string(), sub.clone()));
                         return;
                     }
                 }

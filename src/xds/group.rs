@@ -19,6 +19,7 @@ use super::interest::{Interest, UpstreamChange, WILDCARD};
 use super::resource::{Locator, Name};
 use super::store::{ApplyError, ChangeSet, Store, UpstreamUpdate};
 use super::unsubscribed::UnsubscribedSet;
+use super::xdstp;
 
 /// Identifies a downstream stream within the process.
 pub type StreamId = u64;
@@ -145,6 +146,18 @@ impl GroupState {
                     .forget_wildcard(type_url, |n| interest.wants(type_url, n));
             } else if !self.interest.is_wildcard(type_url) {
                 self.store.forget(type_url, name);
+                // A lapsed glob takes the members nothing else subscribes to with it (D5).
+                if xdstp::is_glob(name) {
+                    let members: Vec<Name> = self
+                        .store
+                        .collection_members(type_url, name)
+                        .filter(|m| !self.interest.wants(type_url, m))
+                        .cloned()
+                        .collect();
+                    for m in members {
+                        self.store.forget(type_url, &m);
+                    }
+                }
             }
             self.unsubscribed.remove(type_url, name);
             return;
@@ -157,6 +170,11 @@ impl GroupState {
         }
         let bytes = if wildcard {
             self.wildcard_only_bytes(type_url)
+        } else if xdstp::is_glob(name) {
+            self.store
+                .collection_members(type_url, name)
+                .map(|m| self.store.name_bytes(type_url, m))
+                .sum()
         } else {
             self.store.name_bytes(type_url, name)
         };
@@ -222,11 +240,19 @@ impl GroupState {
         let Some(by_name) = self.index.get(&changes.type_url) else {
             return HashSet::new();
         };
+        // A28: a glob subscription is indexed under the collection's name, so a changed member
+        // finds its collection's subscribers with one more lookup.
+        let collections: Vec<String> = changes
+            .names
+            .iter()
+            .filter_map(|n| xdstp::collection_of(n))
+            .collect();
         changes
             .names
             .iter()
             .chain(&changes.heartbeats)
             .map(|n| &**n)
+            .chain(collections.iter().map(String::as_str))
             .chain(std::iter::once(WILDCARD))
             .filter_map(|n| by_name.get(n))
             .flat_map(|m| m.keys())
@@ -251,7 +277,7 @@ impl GroupState {
             let interest = &self.interest;
             let store = &mut self.store;
             changes.names.retain(|n| {
-                let wanted = interest.wants(type_url, n);
+                let wanted = Self::keeps(interest, type_url, n);
                 if !wanted {
                     store.forget(type_url, n);
                 }
@@ -266,6 +292,13 @@ impl GroupState {
         self.account_wildcard(type_url);
         self.enforce_budget();
         Ok(changes)
+    }
+
+    /// Whether the group keeps what the upstream sends for `name`: it is subscribed, or its glob
+    /// collection is (A28).
+    fn keeps(interest: &Interest, type_url: &str, name: &str) -> bool {
+        interest.wants(type_url, name)
+            || xdstp::collection_of(name).is_some_and(|c| interest.wants(type_url, &c))
     }
 
     /// A stream needs the upstream to send `locator` again (C3).

@@ -272,6 +272,52 @@ impl Store {
             .map(|(n, _)| n)
     }
 
+    /// The names held in glob collection `glob` (A28): same authority, type and context
+    /// parameters, one more path segment. A range scan over the sorted names, so a collection
+    /// costs its prefix's names, not the type's.
+    pub fn collection_members<'a>(
+        &'a self,
+        type_url: &str,
+        glob: &'a str,
+    ) -> impl Iterator<Item = &'a Name> + 'a {
+        self.collection_entries(type_url, glob)
+            .filter(|(_, e)| !e.variants.is_empty())
+            .map(|(n, _)| n)
+    }
+
+    /// Whether the upstream has answered glob `glob`: it sent a member (present or removed since)
+    /// or named the collection itself in `removed_resources` (empty collection).
+    pub fn collection_answered(&self, type_url: &str, glob: &str) -> bool {
+        self.complete
+            || self
+                .types
+                .get(type_url)
+                .is_some_and(|t| t.names.contains_key(glob))
+            || self.collection_entries(type_url, glob).next().is_some()
+    }
+
+    fn collection_entries<'a>(
+        &'a self,
+        type_url: &str,
+        glob: &'a str,
+    ) -> impl Iterator<Item = (&'a Name, &'a NameEntry)> + 'a {
+        let prefix = xdstp::glob_prefix(glob);
+        let names = self.types.get(type_url).map(|t| &t.names);
+        names
+            .zip(prefix)
+            .into_iter()
+            .flat_map(|(names, prefix)| {
+                names
+                    .range::<str, _>((
+                        std::ops::Bound::Included(prefix.as_str()),
+                        std::ops::Bound::Unbounded,
+                    ))
+                    .take_while(move |(n, _)| n.starts_with(prefix.as_str()))
+                    .collect::<Vec<_>>()
+            })
+            .filter(move |(n, _)| xdstp::collection_of(n).as_deref() == Some(glob))
+    }
+
     /// Every variant held for a type, in name order.
     pub fn resources(&self, type_url: &str) -> impl Iterator<Item = &Arc<CachedResource>> {
         self.types
