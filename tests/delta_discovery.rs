@@ -14,6 +14,8 @@ use bytes::Bytes;
 use prost::Message;
 
 const LDS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+const RDS: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+const VHDS: &str = "type.googleapis.com/envoy.config.route.v3.VirtualHost";
 
 // ---------------------------------------------------------------------------------------------
 // Harness
@@ -386,4 +388,175 @@ fn a28_glob_spelled_with_other_param_order_is_the_same_collection() {
         &[],
     );
     assert_eq!(w.one(1).names(), set(&[member]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// A25–A27: VHDS aliases
+// ---------------------------------------------------------------------------------------------
+
+fn vhost(name: &str, version: &str, aliases: &[&str]) -> Bytes {
+    resource(VHDS, name, version, aliases)
+        .encode_to_vec()
+        .into()
+}
+
+/// The upstream's answer for an alias it cannot resolve: name = alias, aliases = [alias], no body.
+fn unresolved(alias: &str) -> Bytes {
+    Resource {
+        name: alias.into(),
+        aliases: vec![alias.into()],
+        ..Default::default()
+    }
+    .encode_to_vec()
+    .into()
+}
+
+#[test]
+fn a25_subscription_by_alias_gets_the_resource_under_its_name() {
+    let mut w = World::new();
+    w.sub(1, VHDS, &["rc1/foo.com"]);
+    assert_eq!(
+        w.upstream_changes(),
+        vec![(VHDS.to_string(), vec!["rc1/foo.com".to_string()], vec![])]
+    );
+    w.upstream(
+        VHDS,
+        vec![vhost("rc1/vhost_1", "v1", &["rc1/foo.com"])],
+        &[],
+    );
+    let r = w.one(1);
+    assert_eq!(r.names(), set(&["rc1/vhost_1"]));
+    assert_eq!(
+        r.resources["rc1/vhost_1"].1,
+        vec!["rc1/foo.com".to_string()]
+    );
+    // Updates reach the alias subscriber.
+    w.upstream(
+        VHDS,
+        vec![vhost("rc1/vhost_1", "v2", &["rc1/foo.com"])],
+        &[],
+    );
+    assert_eq!(w.one(1).resources["rc1/vhost_1"].0, "v2");
+    // A second client subscribing by another alias of the same virtual host is served from the
+    // cache once the upstream lists that alias.
+    w.upstream(
+        VHDS,
+        vec![vhost(
+            "rc1/vhost_1",
+            "v3",
+            &["rc1/foo.com", "rc1/www.foo.com"],
+        )],
+        &[],
+    );
+    assert_eq!(w.one(1).resources["rc1/vhost_1"].0, "v3");
+    w.sub(2, VHDS, &["rc1/www.foo.com"]);
+    assert_eq!(w.one(2).names(), set(&["rc1/vhost_1"]));
+    // Removal upstream: the alias subscriber is told under the resource's name.
+    w.upstream(VHDS, vec![], &["rc1/vhost_1"]);
+    assert_eq!(w.one(1).removed, ["rc1/vhost_1".to_string()].into());
+    assert_eq!(w.one(2).removed, ["rc1/vhost_1".to_string()].into());
+}
+
+#[test]
+fn a25_unresolved_alias_is_passed_through_then_resolved() {
+    let mut w = World::new();
+    w.sub(1, VHDS, &["rc1/bar.com"]);
+    w.upstream(VHDS, vec![unresolved("rc1/bar.com")], &[]);
+    let r = w.one(1);
+    assert_eq!(r.names(), set(&["rc1/bar.com"]));
+    let (_, aliases, body) = &r.resources["rc1/bar.com"];
+    assert_eq!(aliases, &vec!["rc1/bar.com".to_string()]);
+    assert!(!body, "an unresolved alias carries no resource");
+    // The virtual host appears later.
+    w.upstream(
+        VHDS,
+        vec![vhost("rc1/vhost_2", "v1", &["rc1/bar.com"])],
+        &[],
+    );
+    assert_eq!(w.one(1).names(), set(&["rc1/vhost_2"]));
+}
+
+#[test]
+fn a25_unsubscribe_by_alias_or_by_name() {
+    let mut w = World::new();
+    w.sub(1, VHDS, &["rc1/foo.com"]);
+    w.sub(2, VHDS, &["rc1/foo.com"]);
+    w.upstream(
+        VHDS,
+        vec![vhost("rc1/vhost_1", "v1", &["rc1/foo.com"])],
+        &[],
+    );
+    w.one(1);
+    w.one(2);
+    w.upstream_changes();
+    // One client unsubscribes by the alias, the other by the resource's name.
+    w.unsub(1, VHDS, &["rc1/foo.com"]);
+    w.unsub(2, VHDS, &["rc1/vhost_1"]);
+    assert_eq!(
+        w.upstream_changes(),
+        vec![(VHDS.to_string(), vec![], vec!["rc1/foo.com".to_string()])]
+    );
+    w.upstream(
+        VHDS,
+        vec![vhost("rc1/vhost_1", "v2", &["rc1/foo.com"])],
+        &[],
+    );
+    w.none(1);
+    w.none(2);
+}
+
+#[test]
+fn a26_route_configuration_change_resends_its_virtual_hosts() {
+    let mut w = World::new();
+    w.sub(1, RDS, &["rc1"]);
+    w.sub(1, VHDS, &["rc1/foo.com", "rc1/bar.com"]);
+    w.sub(2, VHDS, &["rc1/foo.com"]); // no RDS subscription: unaffected
+    w.upstream(RDS, vec![res(RDS, "rc1", "r1")], &[]);
+    w.upstream(
+        VHDS,
+        vec![
+            vhost("rc1/vhost_1", "v1", &["rc1/foo.com"]),
+            vhost("rc1/vhost_2", "v1", &["rc1/bar.com"]),
+        ],
+        &[],
+    );
+    let out = w.drain(1);
+    assert_eq!(out.len(), 2);
+    w.one(2);
+    // rc1 changes; the virtual hosts do not: the client still gets them all again, after RDS.
+    w.upstream(RDS, vec![res(RDS, "rc1", "r2")], &[]);
+    let out = w.drain(1);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!(out[0].names(), set(&["rc1"]));
+    assert_eq!(out[1].names(), set(&["rc1/vhost_1", "rc1/vhost_2"]));
+    w.none(2);
+}
+
+#[test]
+fn a27_first_empty_vhds_request_is_not_a_wildcard() {
+    let mut w = World::new();
+    // The cache holds virtual hosts for another client's route configuration.
+    w.sub(1, VHDS, &["rc9/other.com"]);
+    w.upstream(
+        VHDS,
+        vec![vhost("rc9/vhost_9", "v1", &["rc9/other.com"])],
+        &[],
+    );
+    w.one(1);
+    w.upstream_changes();
+    // The first, empty VHDS request: answered at once, empty; nothing subscribed upstream.
+    w.sub(2, VHDS, &[]);
+    let r = w.one(2);
+    assert!(r.resources.is_empty() && r.removed.is_empty());
+    assert_eq!(w.upstream_changes(), vec![]);
+    // Later updates of the cache do not reach it; its own subscriptions do.
+    w.upstream(
+        VHDS,
+        vec![vhost("rc9/vhost_9", "v2", &["rc9/other.com"])],
+        &[],
+    );
+    w.one(1);
+    w.none(2);
+    w.sub(2, VHDS, &["rc9/other.com"]);
+    assert_eq!(w.one(2).names(), set(&["rc9/vhost_9"]));
 }

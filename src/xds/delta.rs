@@ -194,12 +194,15 @@ pub(crate) fn type_rank(type_url: &str) -> u8 {
         "envoy.config.cluster.v3.Cluster" => 0,
         "envoy.config.endpoint.v3.ClusterLoadAssignment" => 1,
         "envoy.config.listener.v3.Listener" => 2,
-        "envoy.config.route.v3.RouteConfiguration" => 3,
+        "envoy.config.route.v3.RouteConfiguration" => RDS_RANK,
         "envoy.config.route.v3.ScopedRouteConfiguration" => 4,
-        "envoy.config.route.v3.VirtualHost" => 5,
+        "envoy.config.route.v3.VirtualHost" => VHDS_RANK,
         _ => 6,
     }
 }
+
+const VHDS_RANK: u8 = 5;
+const RDS_RANK: u8 = 3;
 
 /// The largest response a stream sends unless told otherwise: gRPC's default receive limit. A
 /// Delta state larger than this goes out in several responses, each applied and ACKed on its own.
@@ -327,8 +330,13 @@ impl DeltaStream {
             .collect();
 
         if first {
-            // A1: an empty first subscribe list is a legacy wildcard.
-            if subscribe.is_empty() {
+            // A1: an empty first subscribe list is a legacy wildcard. A27: except for VHDS,
+            // where it is Envoy's namespace watch, not a request for every virtual host in the
+            // cache: it subscribes to nothing and gets an empty answer, so initialization goes
+            // on; virtual hosts come by name or alias (on demand).
+            if subscribe.is_empty() && type_rank(&req.type_url) == VHDS_RANK {
+                ts.owe_response = true;
+            } else if subscribe.is_empty() {
                 Self::start_wildcard(ts, &mut effects);
             }
             // A11/A12/A14: the versions the client holds; they are not subscriptions.
@@ -372,6 +380,9 @@ impl DeltaStream {
                 }
                 continue;
             }
+            // A25: a subscription by alias may be unsubscribed by the resource's name, and the
+            // other way round.
+            let l = Self::as_subscribed(ts, l);
             // A8: a name never subscribed is ignored.
             let Some(params) = ts.explicit.get_mut(&l.name) else {
                 continue;
@@ -423,6 +434,22 @@ impl DeltaStream {
         Ok(effects)
     }
 
+    /// The subscription an unsubscribe of `l` means: `l` itself, or the subscription by another
+    /// name (alias or real name) under which the client holds the resource `l` names.
+    fn as_subscribed(ts: &TypeState, l: Locator) -> Locator {
+        if ts.explicit.contains_key(&l.name) {
+            return l;
+        }
+        ts.known
+            .iter()
+            .find(|(k, held)| {
+                k.params == l.params
+                    && ts.explicit_contains(k)
+                    && matches!(held, Held::Sent(r) if r.name == l.name || r.aliases.contains(&l.name))
+            })
+            .map_or(l, |(k, _)| k.clone())
+    }
+
     fn start_wildcard(ts: &mut TypeState, effects: &mut RequestEffects) {
         if !ts.wildcard {
             ts.wildcard = true;
@@ -448,11 +475,49 @@ impl DeltaStream {
     /// Records that names of a type changed in the store. Types this stream never asked for are
     /// ignored (A22).
     pub fn on_change(&mut self, changes: &ChangeSet) {
+        if type_rank(&changes.type_url) == RDS_RANK {
+            self.resend_virtual_hosts(changes);
+        }
         if let Some(ts) = self.types.get_mut(&changes.type_url) {
             ts.pending.extend(changes.names.iter().cloned());
             ts.heartbeats.extend(changes.heartbeats.iter().cloned());
             if changes.wildcard_synced_now && ts.wildcard {
                 ts.pending_all = true;
+            }
+        }
+    }
+
+    /// A26: a changed route configuration clears the client's virtual host table, so every
+    /// virtual host it subscribed to for that configuration (named `<route config>/...`) is sent
+    /// again, changed or not. The RDS response goes out first (B14).
+    fn resend_virtual_hosts(&mut self, changes: &ChangeSet) {
+        let Some(rds) = self.types.get(&changes.type_url) else {
+            return;
+        };
+        let configs: Vec<String> = changes
+            .names
+            .iter()
+            .filter(|n| rds.wildcard || rds.explicit.contains_key(*n))
+            .map(|n| format!("{n}/"))
+            .collect();
+        if configs.is_empty() {
+            return;
+        }
+        let Some(vhds) = self
+            .types
+            .iter_mut()
+            .find(|(t, _)| type_rank(t) == VHDS_RANK)
+            .map(|(_, ts)| ts)
+        else {
+            return;
+        };
+        for (name, params) in &vhds.explicit {
+            if configs.iter().any(|c| name.starts_with(c.as_str())) {
+                vhds.pending.insert(name.clone());
+                for p in params.keys() {
+                    vhds.forced
+                        .insert(Locator::with_params(name.clone(), p.clone()));
+                }
             }
         }
     }
@@ -662,7 +727,8 @@ impl DeltaStream {
             });
         }
 
-        let answer_owed = ts.owe_response && synced;
+        // Without a wildcard (A27's first VHDS request) there is nothing to wait for.
+        let answer_owed = ts.owe_response && (synced || !ts.wildcard);
         if out.is_empty() && !answer_owed {
             return None;
         }
@@ -731,13 +797,19 @@ impl DeltaStream {
     ) {
         let forced = ts.forced.contains(l);
         let remove = |ts: &mut TypeState, out: &mut Builder| {
-            match ts.known.remove(l).as_ref().and_then(Held::constraints) {
+            let held = ts.known.remove(l);
+            match held.as_ref().and_then(Held::constraints) {
                 Some(c) if !by_name => out.removed_variants.push(ResourceName {
                     name: l.name.to_string(),
                     dynamic_parameter_constraints: Some(c.clone()),
                 }),
                 _ => {
-                    out.removed.insert(l.name.to_string());
+                    // A25: what was sent for an alias is removed under the name it was sent with.
+                    let name = match &held {
+                        Some(Held::Sent(r)) if r.name != l.name => &r.name,
+                        _ => &l.name,
+                    };
+                    out.removed.insert(name.to_string());
                 }
             }
             ts.forced.remove(l);

@@ -145,6 +145,13 @@ impl GroupState {
                 self.store
                     .forget_wildcard(type_url, |n| interest.wants(type_url, n));
             } else if !self.interest.is_wildcard(type_url) {
+                // An alias nobody wants any more takes the resource it named, unless that is
+                // still kept by its own name or another alias (A25).
+                if let Some(real) = self.store.resolve_alias(type_url, name).cloned() {
+                    if !self.keeps(type_url, &real) {
+                        self.store.forget(type_url, &real);
+                    }
+                }
                 self.store.forget(type_url, name);
                 // A lapsed glob takes the members nothing else subscribes to with it (D5).
                 if xdstp::is_glob(name) {
@@ -274,15 +281,16 @@ impl GroupState {
             self.interest.received(type_url, n);
         }
         if !wildcard {
-            let interest = &self.interest;
-            let store = &mut self.store;
-            changes.names.retain(|n| {
-                let wanted = Self::keeps(interest, type_url, n);
-                if !wanted {
-                    store.forget(type_url, n);
-                }
-                wanted
-            });
+            let unwanted: HashSet<Name> = changes
+                .names
+                .iter()
+                .filter(|n| !self.keeps(type_url, n))
+                .cloned()
+                .collect();
+            for n in &unwanted {
+                self.store.forget(type_url, n);
+            }
+            changes.names.retain(|n| !unwanted.contains(n));
         }
         // Kept names the upstream updated cost what they cost now; that may evict some.
         for n in &changes.names {
@@ -294,11 +302,17 @@ impl GroupState {
         Ok(changes)
     }
 
-    /// Whether the group keeps what the upstream sends for `name`: it is subscribed, or its glob
-    /// collection is (A28).
-    fn keeps(interest: &Interest, type_url: &str, name: &str) -> bool {
-        interest.wants(type_url, name)
-            || xdstp::collection_of(name).is_some_and(|c| interest.wants(type_url, &c))
+    /// Whether the group keeps what the upstream sends for `name`: it is subscribed, its glob
+    /// collection is (A28), or one of its aliases is (A25).
+    fn keeps(&self, type_url: &str, name: &str) -> bool {
+        let wants = |n: &str| self.interest.wants(type_url, n);
+        wants(name)
+            || xdstp::collection_of(name).is_some_and(|c| wants(&c))
+            || self
+                .store
+                .aliases_of(type_url, name)
+                .iter()
+                .any(|a| wants(a))
     }
 
     /// A stream needs the upstream to send `locator` again (C3).

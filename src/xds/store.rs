@@ -53,6 +53,24 @@ struct TypeStore {
     /// good enough to answer an initial wildcard request, not to tell a client that a name it
     /// holds is gone (it may be newer than the snapshot, D9).
     wildcard_restored: bool,
+    /// VHDS aliases (A25): alias -> the name of the resource that lists it. Kept while that
+    /// resource is removed, so a client subscribed by alias learns of the removal.
+    aliases: HashMap<Name, Name>,
+}
+
+impl TypeStore {
+    /// The entry `name` denotes: its own when it holds a variant, else the resource it is an
+    /// alias of, else its own (absent, errors).
+    fn resolve(&self, name: &str) -> Option<&NameEntry> {
+        let own = self.names.get(name);
+        if own.is_some_and(|e| !e.variants.is_empty()) {
+            return own;
+        }
+        self.aliases
+            .get(name)
+            .and_then(|real| self.names.get(real))
+            .or(own)
+    }
 }
 
 /// Names whose content or existence changed in one upstream response.
@@ -191,7 +209,7 @@ impl Store {
 
     /// The variant a subscriber with `params` gets (E7, E8).
     pub fn lookup_for(&self, type_url: &str, name: &str, params: &Params) -> Lookup<'_> {
-        let entry = self.types.get(type_url).and_then(|t| t.names.get(name));
+        let entry = self.types.get(type_url).and_then(|t| t.resolve(name));
         let Some(entry) = entry else {
             return if self.complete {
                 Lookup::Absent
@@ -425,6 +443,30 @@ impl Store {
         let mut changed: Vec<Name> = Vec::new();
         let mut heartbeats: Vec<Name> = Vec::new();
         for mut r in parsed {
+            if !r.is_heartbeat() && !r.unresolved_alias {
+                // A25: index the aliases; an alias now resolved drops the upstream's earlier
+                // "unresolved" entry under that name; subscribers by alias are notified.
+                let old: Vec<Name> = ts
+                    .names
+                    .get(&r.name)
+                    .into_iter()
+                    .flat_map(|e| e.variants.values())
+                    .flat_map(|v| v.aliases.iter().cloned())
+                    .collect();
+                for a in old.iter().filter(|a| !r.aliases.contains(a)) {
+                    ts.aliases.remove(a);
+                    changed.push(a.clone());
+                }
+                for a in &r.aliases {
+                    if ts.names.get(a).is_some_and(|e| {
+                        !e.variants.is_empty() && e.variants.values().all(|v| v.unresolved_alias)
+                    }) {
+                        ts.names.remove(a);
+                    }
+                    ts.aliases.insert(a.clone(), r.name.clone());
+                    changed.push(a.clone());
+                }
+            }
             let entry = ts.names.entry(r.name.clone()).or_default();
             match (r.ttl, update.received_at) {
                 (Some(ttl), Some(at)) => {
@@ -465,6 +507,13 @@ impl Store {
             let name = Name::from(name);
             let entry = ts.names.entry(name.clone()).or_default();
             let was_absent = entry.absent && entry.variants.is_empty();
+            // Subscribers by alias learn of the removal too (the alias still resolves here).
+            changed.extend(
+                entry
+                    .variants
+                    .values()
+                    .flat_map(|v| v.aliases.iter().cloned()),
+            );
             entry.variants.clear();
             entry.absent = true;
             entry.error = None;
@@ -651,6 +700,36 @@ impl Store {
     pub fn forget(&mut self, type_url: &str, name: &str) {
         if let Some(ts) = self.types.get_mut(type_url) {
             ts.names.remove(name);
+            if !ts.aliases.is_empty() {
+                ts.aliases.retain(|_, real| &**real != name);
+            }
+        }
+    }
+
+    /// The name of the resource `alias` resolves to (A25), if it is a known alias.
+    pub fn resolve_alias(&self, type_url: &str, alias: &str) -> Option<&Name> {
+        self.types.get(type_url)?.aliases.get(alias)
+    }
+
+    /// The aliases of `name`: those its held variants list or, once removed, those that still
+    /// resolve to it.
+    pub fn aliases_of(&self, type_url: &str, name: &str) -> Vec<Name> {
+        let Some(t) = self.types.get(type_url) else {
+            return Vec::new();
+        };
+        match t.names.get(name) {
+            Some(e) if !e.variants.is_empty() => e
+                .variants
+                .values()
+                .flat_map(|v| v.aliases.iter().cloned())
+                .collect(),
+            Some(_) if !t.aliases.is_empty() => t
+                .aliases
+                .iter()
+                .filter(|(_, real)| &***real == name)
+                .map(|(a, _)| a.clone())
+                .collect(),
+            _ => Vec::new(),
         }
     }
 
