@@ -14,6 +14,7 @@ use bytes::Bytes;
 use prost::Message;
 
 const LDS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const RDS: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 const VHDS: &str = "type.googleapis.com/envoy.config.route.v3.VirtualHost";
 
@@ -559,4 +560,42 @@ fn a27_first_empty_vhds_request_is_not_a_wildcard() {
     w.none(2);
     w.sub(2, VHDS, &["rc9/other.com"]);
     assert_eq!(w.one(2).names(), set(&["rc9/vhost_9"]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// On demand (ODCDS, VHDS on demand)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn on_demand_cluster_is_fetched_and_answered_as_soon_as_it_arrives() {
+    let mut w = World::new();
+    w.sub(1, CDS, &["a"]);
+    w.upstream(CDS, vec![res(CDS, "a", "v1")], &[]);
+    w.one(1);
+    w.upstream_changes();
+    // Mid-stream, the on-demand filter asks for a cluster nobody has asked for yet.
+    w.sub(1, CDS, &["od"]);
+    assert_eq!(
+        w.upstream_changes(),
+        vec![(CDS.to_string(), vec!["od".to_string()], vec![])]
+    );
+    w.none(1);
+    w.upstream(CDS, vec![res(CDS, "od", "v1")], &[]);
+    assert_eq!(w.one(1).names(), set(&["od"]));
+    // Another client asking for it later is answered from the cache at once.
+    w.sub(2, CDS, &["od"]);
+    assert_eq!(w.one(2).names(), set(&["od"]));
+    assert_eq!(w.upstream_changes(), vec![]);
+}
+
+#[test]
+fn on_demand_missing_name_is_removed_as_soon_as_the_upstream_says_so() {
+    let mut w = World::new();
+    w.sub(1, CDS, &["missing"]);
+    w.none(1);
+    w.upstream(CDS, vec![], &["missing"]);
+    assert_eq!(w.one(1).removed, ["missing".to_string()].into());
+    // A second client asking for it is told at once (the upstream's answer is cached).
+    w.sub(2, CDS, &["missing"]);
+    assert_eq!(w.one(2).removed, ["missing".to_string()].into());
 }
