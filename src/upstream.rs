@@ -235,12 +235,13 @@ async fn session(
         types
             .into_iter()
             .map(|(type_url, names)| {
-                let interest = &state.interest;
-                let wildcard = interest.is_wildcard(&type_url);
+                let wildcard = state.interest.is_wildcard(&type_url);
+                // Glob members and aliased resources count too (A25, A28): kept by their
+                // collection or alias, so the upstream reports their removals while away.
                 let irv = if attempt.send_versions {
                     state
                         .store
-                        .initial_versions(&type_url, |n| wildcard || interest.wants(&type_url, n))
+                        .initial_versions(&type_url, |n| wildcard || state.keeps(&type_url, n))
                 } else {
                     Default::default()
                 };

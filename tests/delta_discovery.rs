@@ -599,3 +599,43 @@ fn on_demand_missing_name_is_removed_as_soon_as_the_upstream_says_so() {
     w.sub(2, CDS, &["missing"]);
     assert_eq!(w.one(2).removed, ["missing".to_string()].into());
 }
+
+#[test]
+fn a28_resubscribed_collection_waits_for_the_upstream_again() {
+    let mut w = World::new();
+    w.sub(1, LDS, &[GLOB]);
+    w.upstream(LDS, vec![res(LDS, FOO_A, "v1")], &[]);
+    w.one(1);
+    w.upstream(LDS, vec![], &[FOO_A]);
+    w.one(1);
+    w.unsub(1, LDS, &[GLOB]);
+    w.upstream_changes();
+    // Subscribed again after the collection lapsed: nothing stale is claimed, the upstream is
+    // asked again and its answer is served.
+    w.sub(2, LDS, &[GLOB]);
+    w.none(2);
+    assert_eq!(
+        w.upstream_changes(),
+        vec![(LDS.to_string(), vec![GLOB.to_string()], vec![])]
+    );
+    w.upstream(LDS, vec![res(LDS, FOO_B, "v1")], &[]);
+    assert_eq!(w.one(2).names(), set(&[FOO_B]));
+}
+
+#[test]
+fn c04_reconnect_reports_versions_of_collection_members_and_aliased_resources() {
+    let mut w = World::new();
+    w.sub(1, LDS, &[GLOB]);
+    w.upstream(LDS, vec![res(LDS, FOO_A, "v1")], &[]);
+    w.sub(1, VHDS, &["rc1/foo.com"]);
+    w.upstream(
+        VHDS,
+        vec![vhost("rc1/vhost_1", "v1", &["rc1/foo.com"])],
+        &[],
+    );
+    let g = &w.group;
+    let lds = g.store.initial_versions(LDS, |n| g.keeps(LDS, n));
+    assert_eq!(lds.get(FOO_A).map(String::as_str), Some("v1"));
+    let vhds = g.store.initial_versions(VHDS, |n| g.keeps(VHDS, n));
+    assert_eq!(vhds.get("rc1/vhost_1").map(String::as_str), Some("v1"));
+}

@@ -155,15 +155,9 @@ impl GroupState {
                 self.store.forget(type_url, name);
                 // A lapsed glob takes the members nothing else subscribes to with it (D5).
                 if xdstp::is_glob(name) {
-                    let members: Vec<Name> = self
-                        .store
-                        .collection_members(type_url, name)
-                        .filter(|m| !self.interest.wants(type_url, m))
-                        .cloned()
-                        .collect();
-                    for m in members {
-                        self.store.forget(type_url, &m);
-                    }
+                    let interest = &self.interest;
+                    self.store
+                        .forget_collection(type_url, name, |m| interest.wants(type_url, m));
                 }
             }
             self.unsubscribed.remove(type_url, name);
@@ -304,7 +298,7 @@ impl GroupState {
 
     /// Whether the group keeps what the upstream sends for `name`: it is subscribed, its glob
     /// collection is (A28), or one of its aliases is (A25).
-    fn keeps(&self, type_url: &str, name: &str) -> bool {
+    pub fn keeps(&self, type_url: &str, name: &str) -> bool {
         let wants = |n: &str| self.interest.wants(type_url, n);
         wants(name)
             || xdstp::collection_of(name).is_some_and(|c| wants(&c))

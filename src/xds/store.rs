@@ -706,6 +706,20 @@ impl Store {
         }
     }
 
+    /// Forgets what is known of glob collection `glob`'s members (held, removed, errors), except
+    /// the names `keep` says are still wanted by themselves: a lapsed collection must not be
+    /// answered from stale knowledge when subscribed again (D5).
+    pub fn forget_collection(&mut self, type_url: &str, glob: &str, keep: impl Fn(&str) -> bool) {
+        let members: Vec<Name> = self
+            .collection_entries(type_url, glob)
+            .map(|(n, _)| n.clone())
+            .filter(|n| !keep(n))
+            .collect();
+        for m in members {
+            self.forget(type_url, &m);
+        }
+    }
+
     /// The name of the resource `alias` resolves to (A25), if it is a known alias.
     pub fn resolve_alias(&self, type_url: &str, alias: &str) -> Option<&Name> {
         self.types.get(type_url)?.aliases.get(alias)
