@@ -534,32 +534,49 @@ fn a26_route_configuration_change_resends_its_virtual_hosts() {
 }
 
 #[test]
-fn a27_first_empty_vhds_request_is_not_a_wildcard() {
+fn a27_first_empty_vhds_request_is_scoped_to_the_clients_route_configurations() {
     let mut w = World::new();
-    // The cache holds virtual hosts for another client's route configuration.
-    w.sub(1, VHDS, &["rc9/other.com"]);
-    w.upstream(
-        VHDS,
-        vec![vhost("rc9/vhost_9", "v1", &["rc9/other.com"])],
-        &[],
-    );
+    w.sub(1, RDS, &["rc1"]);
+    w.upstream(RDS, vec![res(RDS, "rc1", "r1")], &[]);
     w.one(1);
     w.upstream_changes();
-    // The first, empty VHDS request: answered at once, empty; nothing subscribed upstream.
-    w.sub(2, VHDS, &[]);
-    let r = w.one(2);
-    assert!(r.resources.is_empty() && r.removed.is_empty());
-    assert_eq!(w.upstream_changes(), vec![]);
-    // Later updates of the cache do not reach it; its own subscriptions do.
+    // Envoy's first, empty VHDS request after receiving rc1 (which has `vhds`).
+    w.sub(1, VHDS, &[]);
+    assert_eq!(
+        w.upstream_changes(),
+        vec![(VHDS.to_string(), vec!["*".to_string()], vec![])]
+    );
+    w.none(1);
+    // The upstream answers with every virtual host it has: the client gets rc1's only.
+    w.upstream(
+        VHDS,
+        vec![
+            vhost("rc1/vhost_1", "v1", &["rc1/foo.com"]),
+            vhost("rc9/vhost_9", "v1", &["rc9/other.com"]),
+        ],
+        &[],
+    );
+    assert_eq!(w.one(1).names(), set(&["rc1/vhost_1"]));
+    // Out-of-scope changes do not reach it; in-scope ones do.
     w.upstream(
         VHDS,
         vec![vhost("rc9/vhost_9", "v2", &["rc9/other.com"])],
         &[],
     );
-    w.one(1);
-    w.none(2);
-    w.sub(2, VHDS, &["rc9/other.com"]);
-    assert_eq!(w.one(2).names(), set(&["rc9/vhost_9"]));
+    w.none(1);
+    w.upstream(VHDS, vec![vhost("rc1/vhost_3", "v1", &[])], &[]);
+    assert_eq!(w.one(1).names(), set(&["rc1/vhost_3"]));
+    // A client with no route configuration gets an empty answer, not the cache's virtual hosts.
+    w.sub(2, VHDS, &[]);
+    let r = w.one(2);
+    assert!(r.resources.is_empty() && r.removed.is_empty(), "{r:?}");
+    // Once it subscribes to rc9 and receives it, rc9's virtual hosts follow.
+    w.sub(2, RDS, &["rc9"]);
+    w.upstream(RDS, vec![res(RDS, "rc9", "r1")], &[]);
+    let out = w.drain(2);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!(out[0].names(), set(&["rc9"]));
+    assert_eq!(out[1].names(), set(&["rc9/vhost_9"]));
 }
 
 // ---------------------------------------------------------------------------------------------

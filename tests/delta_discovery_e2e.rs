@@ -54,7 +54,8 @@ fn encode(type_url: &str, e: &Entry) -> bytes::Bytes {
 
 /// How an xdstp-aware control plane answers one subscription request: a glob gets every member of
 /// its collection (or the glob's removal when empty), a name or an alias gets its resource, an
-/// unknown VHDS alias gets the unresolved-alias entry, any other unknown name NOT_FOUND.
+/// unknown VHDS alias gets the unresolved-alias entry, any other unknown name NOT_FOUND, and `"*"`
+/// everything.
 fn answer(
     type_url: &str,
     catalog: &[Entry],
@@ -70,7 +71,10 @@ fn answer(
         ..Default::default()
     };
     for name in &req.resource_names_subscribe {
-        if xdstp::is_glob(name) {
+        if name == "*" {
+            resp.resources
+                .extend(catalog.iter().map(|e| encode(type_url, e)));
+        } else if xdstp::is_glob(name) {
             let members: Vec<&Entry> = catalog
                 .iter()
                 .filter(|e| xdstp::collection_of(&canon(e.name)).as_deref() == Some(&canon(name)))
@@ -284,10 +288,16 @@ async fn a25_a27_vhds_by_alias_on_demand_through_the_relay() {
         set(&["rc9/vhost_9"])
     );
 
-    // A27: the first, empty VHDS request gets an empty answer, not the cache's virtual hosts.
+    // A27: the first, empty VHDS request of a client with no route configuration: the upstream
+    // is asked for everything (once per group), the client gets none of it.
     let mut c = DeltaClient::connect(h.relay.xds, node("e1", "g"), subscribe(VHDS, &[])).await;
+    let req = serve(&mut h, VHDS, &vhosts).await;
+    assert_eq!(req.resource_names_subscribe, vec!["*".to_string()]);
     let first = c.recv_ack().await;
-    assert!(first.resources.is_empty() && first.removed_resources.is_empty());
+    assert!(
+        first.resources.is_empty() && first.removed_resources.is_empty(),
+        "{first:?}"
+    );
 
     // A25: on demand by alias; the client gets the virtual host under its name, with aliases.
     c.send(subscribe(VHDS, &["rc1/foo.com"])).await;

@@ -143,6 +143,8 @@ struct TypeState {
     invalid: BTreeMap<Name, String>,
     /// Subscribed glob collections last reported empty (A28).
     empty_globs: HashSet<Name>,
+    /// A27: the wildcard covers only names under the stream's RDS route configurations.
+    scoped: bool,
     last_nonce: Option<String>,
     last_ack: Option<String>,
     last_nack: Option<(String, String)>,
@@ -330,13 +332,12 @@ impl DeltaStream {
             .collect();
 
         if first {
-            // A1: an empty first subscribe list is a legacy wildcard. A27: except for VHDS,
-            // where it is Envoy's namespace watch, not a request for every virtual host in the
-            // cache: it subscribes to nothing and gets an empty answer, so initialization goes
-            // on; virtual hosts come by name or alias (on demand).
-            if subscribe.is_empty() && type_rank(&req.type_url) == VHDS_RANK {
-                ts.owe_response = true;
-            } else if subscribe.is_empty() {
+            // A1: an empty first subscribe list is a legacy wildcard. A27: for VHDS it is
+            // Envoy's namespace watch, so the wildcard is scoped: the stream receives only the
+            // virtual hosts of the route configurations it subscribes to over RDS (named
+            // `<route config>/...`), never every virtual host in the cache.
+            if subscribe.is_empty() {
+                ts.scoped = type_rank(&req.type_url) == VHDS_RANK;
                 Self::start_wildcard(ts, &mut effects);
             }
             // A11/A12/A14: the versions the client holds; they are not subscriptions.
@@ -511,14 +512,23 @@ impl DeltaStream {
         else {
             return;
         };
+        let under = |n: &str| configs.iter().any(|c| n.starts_with(c.as_str()));
         for (name, params) in &vhds.explicit {
-            if configs.iter().any(|c| name.starts_with(c.as_str())) {
+            if under(name) {
                 vhds.pending.insert(name.clone());
                 for p in params.keys() {
                     vhds.forced
                         .insert(Locator::with_params(name.clone(), p.clone()));
                 }
             }
+        }
+        // What the scoped wildcard delivered, and whatever the configuration newly brings in
+        // scope (A27).
+        if vhds.scoped {
+            for l in vhds.known.keys().filter(|l| under(&l.name)) {
+                vhds.forced.insert(l.clone());
+            }
+            vhds.pending_all = true;
         }
     }
 
@@ -591,6 +601,12 @@ impl DeltaStream {
             n => n,
         };
         let budget = limit - RESPONSE_OVERHEAD_BYTES.min(limit / 4);
+        let scope = self.vhds_scope(type_url);
+        let in_scope = |name: &str| {
+            scope
+                .as_ref()
+                .is_none_or(|s| s.iter().any(|p| name.starts_with(p.as_str())))
+        };
         let ts = self.types.get_mut(type_url)?;
         let mut candidates = std::mem::take(&mut ts.pending);
         if ts.pending_all {
@@ -643,7 +659,7 @@ impl DeltaStream {
             }
             let wild = Locator::with_params(name.clone(), defaults.clone());
             let wild_explicit = subs.contains_key(&wild);
-            if ts.wildcard {
+            if ts.wildcard && in_scope(&name) {
                 subs.entry(wild.clone()).or_insert((true, true));
             }
             for l in ts.known.keys().chain(ts.forced.iter()) {
@@ -728,7 +744,7 @@ impl DeltaStream {
         }
 
         // Without a wildcard (A27's first VHDS request) there is nothing to wait for.
-        let answer_owed = ts.owe_response && (synced || !ts.wildcard);
+        let answer_owed = ts.owe_response && synced;
         if out.is_empty() && !answer_owed {
             return None;
         }
@@ -741,6 +757,22 @@ impl DeltaStream {
             resource_errors: out.errors,
             ..Default::default()
         })
+    }
+
+    /// For a scoped VHDS wildcard (A27), the name prefixes it covers: `<rc>/` for every route
+    /// configuration the stream subscribes to (or holds, under an RDS wildcard). `None` when the
+    /// type's wildcard, if any, is not scoped.
+    fn vhds_scope(&self, type_url: &str) -> Option<Vec<String>> {
+        if !self.types.get(type_url).is_some_and(|t| t.scoped) {
+            return None;
+        }
+        let rds = self.types.iter().find(|(t, _)| type_rank(t) == RDS_RANK);
+        Some(
+            rds.into_iter()
+                .flat_map(|(_, ts)| ts.explicit.keys().chain(ts.known.keys().map(|l| &l.name)))
+                .map(|n| format!("{n}/"))
+                .collect(),
+        )
     }
 
     /// If `name` is a glob collection this stream subscribes to, queues every member the store
