@@ -59,6 +59,15 @@ struct TypeStore {
 }
 
 impl TypeStore {
+    /// Indexes the aliases a resource lists (A25); an unresolved-alias entry lists only itself.
+    fn index_aliases(&mut self, r: &CachedResource) {
+        if !r.unresolved_alias {
+            for a in &r.aliases {
+                self.aliases.insert(a.clone(), r.name.clone());
+            }
+        }
+    }
+
     /// The entry `name` denotes: its own when it holds a variant, else the resource it is an
     /// alias of, else its own (absent, errors).
     fn resolve(&self, name: &str) -> Option<&NameEntry> {
@@ -174,13 +183,9 @@ impl Store {
             ..Store::default()
         };
         for (type_url, r) in resources {
-            let entry = store
-                .types
-                .entry(type_url)
-                .or_default()
-                .names
-                .entry(r.name.clone())
-                .or_default();
+            let ts = store.types.entry(type_url).or_default();
+            ts.index_aliases(&r);
+            let entry = ts.names.entry(r.name.clone()).or_default();
             entry.variants.insert(r.key.clone(), Arc::new(r));
         }
         store
@@ -683,6 +688,7 @@ impl Store {
                 {
                     continue;
                 }
+                ts.index_aliases(&resource);
                 let entry = ts.names.entry(resource.name.clone()).or_default();
                 if let Some(at) = expires {
                     entry.expires.insert(resource.key.clone(), at);
@@ -1008,6 +1014,63 @@ mod tests {
         assert_eq!(c.names, vec![Name::from("foo")]);
         assert!(
             matches!(s.lookup_for(T, "foo", &params("prod")), Lookup::Present(r) if r.version == "any")
+        );
+    }
+
+    fn aliased(name: &str, alias: &str) -> Bytes {
+        Resource {
+            name: name.into(),
+            version: "1".into(),
+            aliases: vec![alias.into()],
+            resource: Some(prost_types::Any {
+                type_url: T.into(),
+                value: b"vh".to_vec(),
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    #[test]
+    fn aliases_resolve_after_a_warm_restart_and_in_a_source_store() {
+        let now = Instant::now();
+        let mut s = Store::new();
+        s.apply_delta(T, vec![aliased("rc1/vh", "rc1/foo.com")], vec![], false)
+            .unwrap();
+        let mut restored = Store::new();
+        restored.import(s.export(now), now);
+        assert!(
+            matches!(restored.lookup(T, "rc1/foo.com"), Lookup::Present(r) if &*r.name == "rc1/vh")
+        );
+        let source = Store::complete([(
+            T.to_string(),
+            CachedResource::decode(aliased("rc1/vh", "rc1/foo.com")).unwrap(),
+        )]);
+        assert!(
+            matches!(source.lookup(T, "rc1/foo.com"), Lookup::Present(r) if &*r.name == "rc1/vh")
+        );
+        assert_eq!(source.lookup(T, "rc1/bar.com"), Lookup::Absent);
+    }
+
+    #[test]
+    fn upstream_names_are_keyed_and_emitted_canonically() {
+        let mut s = Store::new();
+        let c = s
+            .apply_delta(
+                T,
+                vec![res("xdstp://a/T/x?b=2&a=1", "1", b"x")],
+                vec![],
+                false,
+            )
+            .unwrap();
+        assert_eq!(c.names, vec![Name::from("xdstp://a/T/x?a=1&b=2")]);
+        let Lookup::Present(r) = s.lookup(T, "xdstp://a/T/x?a=1&b=2") else {
+            panic!("held under the canonical name");
+        };
+        assert_eq!(
+            Resource::decode(r.encoded.clone()).unwrap().name,
+            "xdstp://a/T/x?a=1&b=2"
         );
     }
 }
