@@ -316,6 +316,10 @@ async fn admin_and_csds_report_acked_and_nacked_clients() {
         if c["node_id"] == "envoy-bad" {
             assert_eq!(t["state"], "nacked");
             assert_eq!(t["subscriptions"], 2);
+            assert_eq!(
+                t["resources"], 0,
+                "it rejected the only response: holds nothing"
+            );
             assert_eq!(t["last_nack"]["error"], "cluster c2: invalid lb_policy");
             assert!(t["last_nack"]["at"].is_object());
             assert!(t["last_ack"].is_null());
@@ -394,11 +398,14 @@ async fn admin_and_csds_report_acked_and_nacked_clients() {
         if id == "envoy-bad" {
             assert_eq!(xds.len(), 2);
             for (x, (name, version)) in xds.iter().zip([("c1", "1"), ("c2", "7")]) {
-                assert_eq!((x.name.as_str(), x.version_info.as_str()), (name, version));
+                // It rejected its first response: it holds no version; the rejected one is in
+                // error_state.
+                assert_eq!((x.name.as_str(), x.version_info.as_str()), (name, ""));
                 assert_eq!(x.type_url, CDS);
                 assert_eq!(x.client_status, ClientResourceStatus::Nacked as i32);
                 assert_eq!(x.config_status, ConfigStatus::Error as i32);
                 let err = x.error_state.as_ref().expect("error_state");
+                assert_eq!(err.version_info, version);
                 assert_eq!(err.details, "cluster c2: invalid lb_policy");
                 assert!(err.last_update_attempt.is_some());
             }

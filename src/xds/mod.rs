@@ -5,6 +5,7 @@
 //! - [`interest`]: the refcounted union of downstream interest -> upstream subscribe/unsubscribe.
 //! - [`delta`]: the per-stream Delta state machine: requests and changes in, responses out.
 //! - [`group`]: one aggregation group's store, interest, subscriber index and unsubscribed set.
+//! - [`unacked`]: what each unacknowledged response changed in a stream's record, undone on NACK.
 //! - [`unsubscribed`]: names no client wants any more, kept fresh within a byte budget (LRU).
 
 pub mod constraints;
@@ -15,6 +16,7 @@ pub mod resource;
 pub mod sotw;
 pub mod store;
 pub mod stream;
+pub mod unacked;
 pub mod unsubscribed;
 
 pub use delta::{AckStatus, DeltaStream, ProtocolError, RequestEffects};
