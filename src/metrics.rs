@@ -381,12 +381,10 @@ impl Metrics {
         for (n, help) in DESCRIPTIONS {
             let key = KeyName::from_const_str(n);
             let help = SharedString::const_str(help);
-            if n.ends_with("_total") {
-                recorder.describe_counter(key, None, help);
-            } else if *n == name::FANOUT_LATENCY {
-                recorder.describe_histogram(key, None, help);
-            } else {
-                recorder.describe_gauge(key, None, help);
+            match kind(n) {
+                "counter" => recorder.describe_counter(key, None, help),
+                "histogram" => recorder.describe_histogram(key, None, help),
+                _ => recorder.describe_gauge(key, None, help),
             }
         }
         let handle = recorder.handle();
@@ -413,6 +411,15 @@ impl Metrics {
         let tls_reloads = ["applied", "failed"]
             .map(|r| counter(name::TLS_CERTIFICATE_RELOADS, vec![Label::new("result", r)]));
         let fanout = recorder.register_histogram(&Key::from_name(name::FANOUT_LATENCY), &METADATA);
+        // Unlabelled families and those with a fixed label set exist from startup, at zero, so
+        // dashboards and alerts have series before the first event. Families labelled by group,
+        // type or upstream get their HELP/TYPE lines from `render` until a first series exists.
+        for n in [name::SNAPSHOT_WRITES, name::SNAPSHOT_WRITE_FAILURES] {
+            counter(n, vec![]).increment(0);
+        }
+        for reason in crate::snapshot::Rejection::REASONS {
+            counter(name::SNAPSHOT_REJECTED, vec![Label::new("reason", reason)]).increment(0);
+        }
         recorder
             .register_gauge(
                 &Key::from_parts(
@@ -718,8 +725,41 @@ impl Metrics {
         for (n, labels) in previous.difference(&current) {
             self.gauge_handle(n, labels).set(0.0);
         }
-        self.handle.render()
+        with_every_family(self.handle.render())
     }
+}
+
+/// The Prometheus type of a described family.
+fn kind(n: &str) -> &'static str {
+    if n.ends_with("_total") {
+        "counter"
+    } else if n == name::FANOUT_LATENCY {
+        "histogram"
+    } else {
+        "gauge"
+    }
+}
+
+/// Appends `# HELP` and `# TYPE` for every described family the exporter left out: it renders
+/// only families with a series, and a family labelled by group or type has none before its
+/// first group or type. Metadata without samples is valid exposition; Prometheus then knows
+/// the family, and `absent()`-style alerts can tell "no data yet" from "not exported".
+fn with_every_family(mut text: String) -> String {
+    let present: HashSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+        .collect();
+    let missing: Vec<&(&str, &str)> = DESCRIPTIONS
+        .iter()
+        .filter(|(n, _)| !present.contains(n))
+        .collect();
+    for (n, help) in missing {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&format!("# HELP {n} {help}\n# TYPE {n} {}\n", kind(n)));
+    }
+    text
 }
 
 /// A downstream connection, counted in [`Metrics::connections`] while it is open.
@@ -818,6 +858,16 @@ mod tests {
             assert!(n.starts_with("adsrelay_"), "{n}");
             assert!(!help.is_empty());
         }
+    }
+
+    #[test]
+    fn every_family_is_exported_before_any_event() {
+        let out = Metrics::new().render(ScrapeState::default());
+        for (n, _) in DESCRIPTIONS {
+            let header = format!("# TYPE {n} {}\n", kind(n));
+            assert_eq!(out.matches(&header).count(), 1, "{n} in:\n{out}");
+        }
+        assert!(out.contains("adsrelay_snapshot_rejected_total{reason=\"corrupt\"} 0"));
     }
 
     #[test]

@@ -492,3 +492,51 @@ async fn admin_and_csds_report_acked_and_nacked_clients() {
     assert_eq!(sample(&text, &t("adsrelay_cache_resources")), Some(2.0));
     assert!(sample(&text, "adsrelay_fanout_latency_seconds_count").unwrap() >= 2.0);
 }
+
+/// Issue 13: an idle relay (no client, upstream down) lists every adsrelay_ family, so
+/// dashboards and alerts have them before the first client; promtool accepts the exposition.
+#[tokio::test]
+async fn every_family_is_listed_from_startup() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let relay = RelayUnderTest::start(addr, Duration::from_secs(30)).await;
+    let text = metrics(&relay).await;
+    let missing: Vec<&str> = adsrelay::metrics::DESCRIPTIONS
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(|n| !text.contains(&format!("# TYPE {n} ")))
+        .collect();
+    assert!(missing.is_empty(), "missing {missing:?} in:\n{text}");
+    for series in [
+        "adsrelay_downstream_connections_rejected_total",
+        "adsrelay_snapshot_write_failures_total",
+        "adsrelay_downstream_streams_rejected_total{reason=\"rate_limited\"}",
+    ] {
+        assert_eq!(sample(&text, series), Some(0.0), "{series} in:\n{text}");
+    }
+    let Some(promtool) = tool("promtool") else {
+        return;
+    };
+    let mut check = tokio::process::Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .await
+        .unwrap();
+    let out = check.wait_with_output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
