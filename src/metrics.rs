@@ -71,6 +71,7 @@ pub mod name {
     pub const DRIFT_REPAIRS: &str = "adsrelay_drift_repairs_total";
     pub const UPSTREAM_RESYNCS: &str = "adsrelay_upstream_resyncs_total";
     pub const UPSTREAM_FAILOVERS: &str = "adsrelay_upstream_failovers_total";
+    pub const UPSTREAM_WILDCARD_UNANSWERED: &str = "adsrelay_upstream_wildcard_unanswered_total";
     pub const RUNTIME_ALIVE_TASKS: &str = "adsrelay_runtime_alive_tasks";
     pub const SNAPSHOT_LOADED_RESOURCES: &str = "adsrelay_snapshot_loaded_resources";
     pub const SNAPSHOT_AGE: &str = "adsrelay_snapshot_age_seconds";
@@ -182,6 +183,10 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         name::UPSTREAM_FAILOVERS,
         "Upstream connection attempts moved to another control-plane address after a failure, by group.",
+    ),
+    (
+        name::UPSTREAM_WILDCARD_UNANSWERED,
+        "Wildcard subscriptions added to a running upstream stream that the control plane left unanswered (it need not answer them) for 2s, after which wildcard clients were served from the cache, by group.",
     ),
     (
         name::SNAPSHOT_LOADED_RESOURCES,
@@ -322,6 +327,7 @@ pub struct GroupScrape {
     /// The control-plane address the group uses (or tries) now.
     pub upstream: String,
     pub unsubscribed: UnsubscribedScrape,
+    pub wildcards_unanswered: u64,
 }
 
 /// One group's unsubscribed set, as exported.
@@ -687,6 +693,11 @@ impl Metrics {
             self.counter_absolute(name::DRIFT_REPAIRS, group(), g.drift_repairs);
             self.counter_absolute(name::UPSTREAM_RESYNCS, group(), g.resyncs);
             self.counter_absolute(name::UPSTREAM_FAILOVERS, group(), g.failovers);
+            self.counter_absolute(
+                name::UPSTREAM_WILDCARD_UNANSWERED,
+                group(),
+                g.wildcards_unanswered,
+            );
             let u = &g.unsubscribed;
             for (n, v) in [
                 (name::UNSUBSCRIBED_CACHE_BUDGET, u.budget),
