@@ -36,6 +36,7 @@ pub mod name {
         "adsrelay_downstream_connections_accepted_total";
     pub const DOWNSTREAM_CONNECTIONS_REJECTED: &str =
         "adsrelay_downstream_connections_rejected_total";
+    pub const ACCEPT_ERRORS: &str = "adsrelay_accept_errors_total";
     pub const DOWNSTREAM_STREAMS: &str = "adsrelay_downstream_streams";
     pub const DOWNSTREAM_STREAMS_OPENED: &str = "adsrelay_downstream_streams_opened_total";
     pub const DOWNSTREAM_STREAMS_REJECTED: &str = "adsrelay_downstream_streams_rejected_total";
@@ -103,7 +104,11 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     ),
     (
         name::DOWNSTREAM_CONNECTIONS_REJECTED,
-        "Downstream TCP connections closed at once because max_connections were already open.",
+        "Downstream TCP connections closed at once because max_connections were already open or fewer than fd_reserve file descriptors would remain free.",
+    ),
+    (
+        name::ACCEPT_ERRORS,
+        "Failed accepts, by listener (xds, admin) and reason (emfile, enfile, enobufs, connection, other); each descriptor or memory error pauses that listener for 10 ms doubling to 1 s.",
     ),
     (
         name::DOWNSTREAM_SUBSCRIPTIONS,
@@ -354,6 +359,7 @@ pub struct Metrics {
     rejected: [Counter; Rejection::ALL.len()],
     connections_rejected: Counter,
     connections_accepted: Counter,
+    accept_errors: [[Counter; crate::accept::AcceptError::ALL.len()]; 2],
     tls_handshake_failures: [Counter; crate::tls::HandshakeFailure::ALL.len()],
     tls_reloads: [Counter; 2],
     fanout: Histogram,
@@ -408,6 +414,17 @@ impl Metrics {
         });
         let connections_accepted = counter(name::DOWNSTREAM_CONNECTIONS_ACCEPTED, vec![]);
         let connections_rejected = counter(name::DOWNSTREAM_CONNECTIONS_REJECTED, vec![]);
+        let accept_errors = crate::accept::Listener::ALL.map(|l| {
+            crate::accept::AcceptError::ALL.map(|e| {
+                counter(
+                    name::ACCEPT_ERRORS,
+                    vec![
+                        Label::new("listener", l.label()),
+                        Label::new("reason", e.label()),
+                    ],
+                )
+            })
+        });
         let tls_handshake_failures = crate::tls::HandshakeFailure::ALL.map(|f| {
             counter(
                 name::TLS_HANDSHAKE_FAILURES,
@@ -444,6 +461,7 @@ impl Metrics {
             rejected,
             connections_rejected,
             connections_accepted,
+            accept_errors,
             tls_handshake_failures,
             tls_reloads,
             fanout,
@@ -506,6 +524,14 @@ impl Metrics {
     /// A connection closed at once because `max_connections` were open.
     pub fn connection_rejected(&self) {
         self.connections_rejected.increment(1);
+    }
+
+    pub fn accept_error(
+        &self,
+        listener: crate::accept::Listener,
+        reason: crate::accept::AcceptError,
+    ) {
+        self.accept_errors[listener as usize][reason as usize].increment(1);
     }
 
     pub fn tls_handshake_failed(&self, reason: crate::tls::HandshakeFailure) {
@@ -736,7 +762,9 @@ impl Metrics {
         for (n, labels) in previous.difference(&current) {
             self.gauge_handle(n, labels).set(0.0);
         }
-        with_every_family(self.handle.render())
+        let mut text = with_every_family(self.handle.render());
+        text.push_str(&crate::process::render());
+        text
     }
 }
 
