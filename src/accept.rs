@@ -156,6 +156,7 @@ impl Acceptor {
 pub struct FdBudget {
     /// The soft limit in force (`u64::MAX`: unlimited).
     pub limit: u64,
+    /// 0 disables shedding: connections are accepted until `accept` fails.
     pub reserve: u64,
     /// Descriptors open before any client connected (listeners, runtime, logs).
     pub baseline: u64,
@@ -176,6 +177,9 @@ impl FdBudget {
     /// clients is the other estimate (it misses the few other descriptors, which the reserve is
     /// for). Counting `/proc/self/fd` per accept would cost a directory scan of every connection.
     pub fn short(&self, fd: u64, clients: u64) -> bool {
+        if self.reserve == 0 {
+            return false;
+        }
         let used = (fd + 1).max(self.baseline + clients + 1);
         used.saturating_add(self.reserve) > self.limit
     }
@@ -257,5 +261,7 @@ mod tests {
             ..b
         };
         assert!(!unlimited.short(1 << 40, 1 << 40));
+        let off = FdBudget { reserve: 0, ..b };
+        assert!(!off.short(99, 99), "0 disables the reserve");
     }
 }

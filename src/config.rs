@@ -80,7 +80,7 @@ pub struct RelayArgs {
     #[arg(long, value_name = "BYTES")]
     pub max_name_bytes: Option<usize>,
     /// File descriptors kept free for the admin port, the upstream and snapshots: new client
-    /// connections are closed at once when fewer are free [default: 64]
+    /// connections are closed at once when fewer are free; 0 disables it [default: 64]
     #[arg(long, value_name = "N")]
     pub fd_reserve: Option<u64>,
     /// Sustained requests per second per stream; 0 disables the limit [default: 100]
@@ -317,7 +317,7 @@ pub struct Limits {
     /// Graceful shutdown spreads connection closes over this period.
     pub drain_period: Duration,
     /// File descriptors kept free for the admin port, upstream connections and snapshot files:
-    /// a new client connection is closed at once when fewer would remain.
+    /// a new client connection is closed at once when fewer would remain. 0 disables it.
     pub fd_reserve: u64,
 }
 

@@ -242,8 +242,9 @@ async fn out_of_descriptors_the_relay_pauses_accepting_and_recovers() {
     let cpu = relay.cpu_seconds();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let spent = relay.cpu_seconds() - cpu;
+    eprintln!("CPU while out of descriptors: {spent} s in 2 s");
     assert!(
-        spent < 0.5,
+        spent < 0.25,
         "{spent} CPU seconds in 2 s while out of descriptors"
     );
     // Existing streams keep working.
