@@ -312,6 +312,12 @@ async fn session(
             () = sleep_until_opt(resync_at) => return Err(SessionError::Resync),
             () = group.upstream_wake.notified() => {
                 send_interest_changes(group, node, &tx).await?;
+                if lock(&group.state).take_resync() {
+                    // A wildcard taken again after it lapsed got no answer: the server may hold
+                    // names as sent that the cache forgot. A new stream resends them (C4).
+                    warn!("re-establishing the upstream stream: a wildcard taken again after it lapsed was not answered");
+                    return Err(SessionError::Resync);
+                }
             }
         }
     }

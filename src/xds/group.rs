@@ -32,6 +32,9 @@ pub struct GroupState {
     index: HashMap<String, HashMap<Name, HashMap<StreamId, u32>>>,
     /// Names (and lingering wildcards) held upstream that no client wants, within a byte budget.
     pub unsubscribed: UnsubscribedSet,
+    /// The upstream stream must be re-established to get a full answer (taken by the upstream
+    /// task, see [`GroupState::take_resync`]).
+    resync_wanted: bool,
 }
 
 impl GroupState {
@@ -41,7 +44,13 @@ impl GroupState {
             interest: Interest::new(linger),
             index: HashMap::new(),
             unsubscribed: UnsubscribedSet::default(),
+            resync_wanted: false,
         }
+    }
+
+    /// Whether the upstream stream must be re-established (and clears the request).
+    pub fn take_resync(&mut self) -> bool {
+        std::mem::take(&mut self.resync_wanted)
     }
 
     /// Sets the byte budget of the unsubscribed set (`unsubscribed_cache_bytes`).
@@ -294,7 +303,12 @@ impl GroupState {
         }
         // B2/D9 liveness: a mid-stream "*" the upstream did not answer (it need not).
         let mut served = Vec::new();
-        for type_url in self.interest.unanswered_wildcards(now) {
+        for (type_url, dropped_before) in self.interest.unanswered_wildcards(now) {
+            if dropped_before && !self.store.wildcard_synced(&type_url) {
+                // Serving now could omit names the server thinks we hold: start a new stream.
+                self.resync_wanted = true;
+                continue;
+            }
             if let Some(c) = self.store.serve_unanswered_wildcard(&type_url) {
                 self.interest.wildcards_unanswered += 1;
                 let affected = self.affected(&c);
@@ -476,6 +490,30 @@ mod tests {
         // On a new stream the first request carries "*" again: no wait.
         g.interest.resubscribe_all();
         assert_eq!(g.interest.next_deadline(), None);
+    }
+
+    #[test]
+    fn a_wildcard_dropped_and_taken_again_asks_for_a_new_stream() {
+        use crate::xds::interest::WILDCARD_WAIT;
+        let t0 = Instant::now();
+        let mut g = GroupState::new(Duration::ZERO);
+        sub(&mut g, 1, &[WILDCARD], t0);
+        upstream(&mut g);
+        send(&mut g, vec![res("a", "1", 1), res("b", "1", 1)]);
+        // The wildcard lapses: the store forgets a and b, the server may still count them held.
+        unsub(&mut g, 1, &[WILDCARD], t0);
+        assert_eq!(upstream(&mut g).1, vec![WILDCARD]);
+        assert!(!present(&g, "a"));
+        sub(&mut g, 2, &[WILDCARD], t0);
+        upstream(&mut g);
+        g.interest.arm_wildcard_waits(t0);
+        assert!(
+            g.expire(t0 + WILDCARD_WAIT).is_empty(),
+            "no guess from a gutted cache"
+        );
+        assert!(!g.store.wildcard_synced(T));
+        assert!(g.take_resync(), "a new stream brings every name back (C4)");
+        assert!(!g.take_resync());
     }
 
     fn group(budget: usize) -> GroupState {

@@ -48,6 +48,9 @@ struct TypeInterest {
     /// `"*"` went out after the type's first request on the stream, which a conforming server
     /// need not answer: when the wait ends the group serves its cache (see [`WILDCARD_WAIT`]).
     wildcard_wait: WildcardWait,
+    /// `"*"` was unsubscribed on this stream: the server may still count the names it sent
+    /// under it as held (go-control-plane does), while the store forgot them (D5).
+    wildcard_dropped: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -221,14 +224,17 @@ impl Interest {
         }
     }
 
-    /// Types whose mid-stream `"*"` got no response by its deadline (the wait ends here).
-    pub fn unanswered_wildcards(&mut self, now: Instant) -> Vec<String> {
+    /// Types whose mid-stream `"*"` got no response by its deadline (the wait ends here), each
+    /// with whether `"*"` had been unsubscribed earlier on the stream: then the cache may lack
+    /// names the server believes the relay still holds, and only a new stream (C4, with initial
+    /// versions) brings them back.
+    pub fn unanswered_wildcards(&mut self, now: Instant) -> Vec<(String, bool)> {
         let mut out = Vec::new();
         for (type_url, ti) in self.types.iter_mut() {
             if matches!(ti.wildcard_wait, WildcardWait::Until(d) if d <= now) {
                 ti.wildcard_wait = WildcardWait::None;
                 if ti.wildcard_sent {
-                    out.push(type_url.clone());
+                    out.push((type_url.clone(), ti.wildcard_dropped));
                 }
             }
         }
@@ -318,6 +324,7 @@ impl Interest {
             if t.unsubscribe.iter().any(|l| &*l.name == WILDCARD) {
                 t.wildcard_sent = false;
                 t.wildcard_wait = WildcardWait::None;
+                t.wildcard_dropped = true;
             }
             t.on_stream = true;
             out.push(UpstreamChange {
@@ -343,6 +350,7 @@ impl Interest {
             ti.wildcard_sent = all.iter().any(|l| &*l.name == WILDCARD);
             ti.on_stream = !all.is_empty();
             ti.wildcard_wait = WildcardWait::None;
+            ti.wildcard_dropped = false;
             if !all.is_empty() {
                 out.push((type_url.clone(), all.into_iter().collect()));
             }
