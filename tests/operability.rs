@@ -512,8 +512,21 @@ async fn every_family_is_listed_from_startup() {
         "adsrelay_downstream_connections_rejected_total",
         "adsrelay_snapshot_write_failures_total",
         "adsrelay_downstream_streams_rejected_total{reason=\"rate_limited\"}",
+        "adsrelay_accept_errors_total{listener=\"xds\",reason=\"emfile\"}",
     ] {
         assert_eq!(sample(&text, series), Some(0.0), "{series} in:\n{text}");
+    }
+    // Process metrics under their conventional names.
+    for series in [
+        "process_open_fds",
+        "process_max_fds",
+        "process_resident_memory_bytes",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            sample(&text, series).is_some_and(|v| v > 0.0),
+            "{series} in:\n{text}"
+        );
     }
     let Some(promtool) = tool("promtool") else {
         return;
