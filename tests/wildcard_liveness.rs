@@ -193,3 +193,65 @@ async fn d9_delta_wildcard_added_mid_stream_is_answered_but_never_removes_on_a_g
     assert_eq!(got, vec![("l2".to_string(), "1".to_string())]);
     assert_eq!(removed, vec!["l9".to_string()]);
 }
+
+/// B2 after a warm restart: the snapshot holds c1 (named interest only). After the restart a
+/// named client comes first; the relay's first CDS request carries c1 with its version, which a
+/// go-control-plane upstream need not answer (nothing changed); a SotW wildcard client then adds
+/// "*" mid-stream, also unanswered. It still gets the full state from the restored cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b2_after_a_warm_restart_a_wildcard_client_is_served_without_an_upstream_answer() {
+    use adsrelay::config::SnapshotConfig;
+    let dir = std::env::temp_dir().join(format!("adsrelay-wl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("snapshot");
+    let with_snapshot = |path: std::path::PathBuf| {
+        move |c: &mut adsrelay::config::Config| {
+            c.snapshot = Some(SnapshotConfig {
+                path,
+                interval: Duration::from_secs(3600),
+                max_staleness: Duration::from_secs(3600),
+            })
+        }
+    };
+
+    let mut h = Harness::start_with(with_snapshot(path.clone())).await;
+    let mut named = SotwClient::connect(h.relay.xds, "envoy-1", CDS, &["c1"]).await;
+    h.next_request().await;
+    let n = h.send(vec![res("c1", "1", CDS)], &[]).await;
+    assert_eq!(h.answer(&n).await, None);
+    assert_eq!(sotw_names(&named.recv_within(TIMEOUT).await), vec!["c1@1"]);
+    h.relay.shutdown();
+    eventually("snapshot written at graceful shutdown", || path.exists()).await;
+    drop(named);
+
+    // The restarted relay (same upstream, so the snapshot is its own): a named client first,
+    // served from the snapshot; the group's first CDS request carries c1 with its version.
+    h.relay = RelayUnderTest::start_with(h.upstream, |c| {
+        c.max_message_bytes = 64 * 1024;
+        with_snapshot(path.clone())(c)
+    })
+    .await;
+    let mut named = SotwClient::connect(h.relay.xds, "envoy-1", CDS, &["c1"]).await;
+    let resumed = loop {
+        let r = h.next_request().await;
+        if !r.initial_resource_versions.is_empty() {
+            break r;
+        }
+    };
+    assert_eq!(
+        resumed
+            .initial_resource_versions
+            .get("c1")
+            .map(String::as_str),
+        Some("1")
+    );
+    assert!(resumed.resource_names_subscribe.iter().all(|n| n != "*"));
+    assert_eq!(sotw_names(&named.recv_within(TIMEOUT).await), vec!["c1@1"]);
+    // Nothing changed upstream: no answer. A wildcard client arrives.
+    let mut wildcard = SotwClient::connect(h.relay.xds, "envoy-2", CDS, &[]).await;
+    wildcard_request(&mut h, CDS).await;
+    let r = wildcard.recv_within(Duration::from_secs(5)).await;
+    assert_eq!(sotw_names(&r), vec!["c1@1"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
