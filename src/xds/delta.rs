@@ -23,6 +23,7 @@ use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
 use super::resource::{CachedResource, Locator, Name, SubscriptionStamps};
 use super::store::{ChangeSet, Lookup, Store};
+use super::unacked::Unacked;
 use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceError, ResourceName};
 use crate::pb::wire;
 
@@ -122,8 +123,15 @@ struct TypeState {
     wildcard: bool,
     /// name -> parameter set -> subscribed by plain name (true) or by locator (false).
     explicit: BTreeMap<Name, BTreeMap<Arc<Params>, bool>>,
-    /// What the client holds, from our responses and its `initial_resource_versions`.
+    /// What the client holds, from our responses and its `initial_resource_versions`. Changed
+    /// only through [`TypeState::hold`] / [`TypeState::unhold`] while building a response, so a
+    /// NACK can put it back (A23: a client that rejects a version keeps the one before).
     known: HashMap<Locator, Held>,
+    /// What the responses not yet ACKed changed in `known`.
+    unacked: Unacked<Locator, Held>,
+    /// What a NACKed response gave (`None`: removed) where the client kept its previous version:
+    /// not sent again until it changes, a re-subscribe (A7) or a new stream (A31).
+    rejected: HashMap<Locator, Option<Held>>,
     /// Names to evaluate at the next build.
     pending: BTreeSet<Name>,
     /// Evaluate every name of the type at the next build (wildcard start, wildcard sync).
@@ -149,6 +157,63 @@ impl TypeState {
             || self.pending_all
             || self.owe_response
             || !self.heartbeats.is_empty()
+    }
+
+    /// Records that the response being built gives the client `held` for `l`.
+    fn hold(&mut self, l: &Locator, held: Held) {
+        self.unacked
+            .record(l, self.known.get(l), self.last_nonce.as_deref());
+        self.known.insert(l.clone(), held);
+        self.rejected.remove(l);
+    }
+
+    /// Records that the response being built takes `l` from the client (or sends it again later).
+    fn unhold(&mut self, l: &Locator) -> Option<Held> {
+        let before = self.known.remove(l);
+        if before.is_some() {
+            self.unacked
+                .record(l, before.as_ref(), self.last_nonce.as_deref());
+        }
+        self.rejected.remove(l);
+        before
+    }
+
+    /// The client dropped `l` itself: nothing of it is held or to restore.
+    fn forget(&mut self, l: &Locator) {
+        self.known.remove(l);
+        self.unacked.forget(l);
+        self.rejected.remove(l);
+    }
+
+    /// Whether the client rejected exactly this outcome for `l` (`None`: a removal).
+    fn was_rejected(&self, l: &Locator, r: Option<&Arc<CachedResource>>) -> bool {
+        match (self.rejected.get(l), r) {
+            (Some(Some(h)), Some(r)) => h.is(r),
+            (Some(None), None) => true,
+            _ => false,
+        }
+    }
+
+    /// Settles the response a request answers: an ACK keeps `known`, a NACK restores what the
+    /// client held before the response, since it keeps that (A23, and what CSDS reports).
+    fn settle(&mut self, nonce: &str, nacked: bool) {
+        self.unacked.seal(self.last_nonce.as_deref());
+        if !nacked {
+            self.unacked.ack(nonce);
+            return;
+        }
+        for (l, before) in self.unacked.nack(nonce, false) {
+            let after = self.known.get(&l).cloned();
+            self.rejected.insert(l.clone(), after);
+            match before {
+                Some(h) => {
+                    self.known.insert(l, h);
+                }
+                None => {
+                    self.known.remove(&l);
+                }
+            }
+        }
     }
 
     fn explicit_contains(&self, l: &Locator) -> bool {
@@ -342,11 +407,14 @@ impl DeltaStream {
                     effects.release.push(Locator::plain(WILDCARD));
                     // A4: the client drops wildcard-only resources itself.
                     let explicit = &ts.explicit;
-                    ts.known.retain(|k, _| {
+                    let keep = |k: &Locator| {
                         explicit
                             .get(&k.name)
                             .is_some_and(|m| m.contains_key(&k.params))
-                    });
+                    };
+                    ts.known.retain(|k, _| keep(k));
+                    ts.rejected.retain(|k, _| keep(k));
+                    ts.unacked.retain(keep);
                 }
                 continue;
             }
@@ -368,7 +436,7 @@ impl DeltaStream {
                 ts.forced.insert(l);
             } else {
                 // A9: no response needed; stop tracking so a later subscribe starts fresh.
-                ts.known.remove(&l);
+                ts.forget(&l);
                 ts.forced.remove(&l);
             }
         }
@@ -387,6 +455,8 @@ impl DeltaStream {
                 ts.last_ack = Some(nonce.clone());
                 AckStatus::Ack { nonce }
             };
+            // Stale answers count too: a client answers every response, in order.
+            ts.settle(&req.response_nonce, req.error_detail.is_some());
         }
         Ok(effects)
     }
@@ -495,6 +565,8 @@ impl DeltaStream {
         };
         let budget = limit - RESPONSE_OVERHEAD_BYTES.min(limit / 4);
         let ts = self.types.get_mut(type_url)?;
+        // Changes staged by an earlier build belong to its response (or to none).
+        ts.unacked.seal(ts.last_nonce.as_deref());
         let mut candidates = std::mem::take(&mut ts.pending);
         if ts.pending_all {
             ts.pending_all = false;
@@ -616,7 +688,7 @@ impl DeltaStream {
     ) {
         let forced = ts.forced.contains(l);
         let remove = |ts: &mut TypeState, out: &mut Builder| {
-            match ts.known.remove(l).as_ref().and_then(Held::constraints) {
+            match ts.unhold(l).as_ref().and_then(Held::constraints) {
                 Some(c) if !by_name => out.removed_variants.push(ResourceName {
                     name: l.name.to_string(),
                     dynamic_parameter_constraints: Some(c.clone()),
@@ -642,7 +714,8 @@ impl DeltaStream {
                         return;
                     }
                 }
-                if forced || !held.is_some_and(|h| h.is(r)) {
+                let rejected = ts.was_rejected(l, Some(r));
+                if forced || !(held.is_some_and(|h| h.is(r)) || rejected) {
                     // E14: a locator subscriber switching variants is told the old one is gone.
                     if let Some((key, Some(c))) = held.map(|h| (h.key(), h.constraints())) {
                         if !by_name && *key != r.key {
@@ -653,18 +726,18 @@ impl DeltaStream {
                         }
                     }
                     if out.add(r, by_name) {
-                        ts.known.insert(l.clone(), Held::Sent(r.clone()));
+                        ts.hold(l, Held::Sent(r.clone()));
                     } else {
                         // Another subscription of the name took its wire identity: whatever the
                         // client held under it is replaced, so send this one again later.
-                        ts.known.remove(l);
+                        ts.unhold(l);
                     }
                 }
                 ts.forced.remove(l);
             }
             Lookup::Absent => {
                 // A10/A12: tell the client, once, that it does not exist.
-                if covered && (forced || ts.known.contains_key(l)) {
+                if covered && (forced || (ts.known.contains_key(l) && !ts.was_rejected(l, None))) {
                     remove(ts, out);
                 } else {
                     ts.forced.remove(l);
@@ -760,6 +833,17 @@ impl DeltaStream {
                         .filter(|n| !ts.known.keys().any(|l| &l.name == *n))
                         .cloned()
                         .collect()
+                } else {
+                    Vec::new()
+                },
+                rejected: if resources {
+                    let mut v: Vec<(Name, String)> = ts
+                        .rejected
+                        .iter()
+                        .filter_map(|(l, h)| Some((l.name.clone(), h.as_ref()?.version().into())))
+                        .collect();
+                    v.sort();
+                    v
                 } else {
                     Vec::new()
                 },

@@ -6,6 +6,7 @@
 //! - [`delta`]: the per-stream Delta state machine: requests and changes in, responses out.
 //! - [`frame`]: responses encoded once as gRPC messages and shared by every stream due them.
 //! - [`group`]: one aggregation group's store, interest, subscriber index and unsubscribed set.
+//! - [`unacked`]: what each unacknowledged response changed in a stream's record, undone on NACK.
 //! - [`unsubscribed`]: names no client wants any more, kept fresh within a byte budget (LRU).
 
 pub mod constraints;
@@ -17,6 +18,7 @@ pub mod resource;
 pub mod sotw;
 pub mod store;
 pub mod stream;
+pub mod unacked;
 pub mod unsubscribed;
 
 pub use delta::{AckStatus, DeltaStream, ProtocolError, RequestEffects};

@@ -48,9 +48,10 @@ struct TypeStore {
     /// The upstream has answered a wildcard subscription of this type at least once, so names it
     /// did not send are really not part of the wildcard set.
     wildcard_synced: bool,
-    /// The wildcard set came from a snapshot and the upstream has not answered the wildcard since:
-    /// good enough to answer an initial wildcard request, not to tell a client that a name it
-    /// holds is gone (it may be newer than the snapshot, D9).
+    /// The wildcard set came from a snapshot, or is served after the upstream left a mid-stream
+    /// `"*"` unanswered, and the upstream has not answered the wildcard since: good enough to
+    /// answer a wildcard request, not to tell a client that a name it holds is gone (it may be
+    /// newer than the snapshot, or not sent yet, D9).
     wildcard_restored: bool,
 }
 
@@ -593,6 +594,23 @@ impl Store {
             }
         }
         restored
+    }
+
+    /// The upstream left a `"*"` added mid-stream unanswered for [`super::interest::WILDCARD_WAIT`]
+    /// (it need not answer): serve what the cache holds to wildcard subscribers, without the
+    /// authority to remove names (A12). A later response of the type makes it authoritative.
+    pub fn serve_unanswered_wildcard(&mut self, type_url: &str) -> Option<ChangeSet> {
+        let ts = self.types.entry(type_url.to_string()).or_default();
+        if ts.wildcard_synced {
+            return None;
+        }
+        ts.wildcard_synced = true;
+        ts.wildcard_restored = true;
+        Some(ChangeSet {
+            type_url: type_url.to_string(),
+            wildcard_synced_now: true,
+            ..ChangeSet::default()
+        })
     }
 
     /// The upstream subscription for `name` lapsed: what is held may go stale, so drop it (D5).
