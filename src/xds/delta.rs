@@ -126,7 +126,8 @@ struct TypeState {
     /// What the client holds, from our responses and its `initial_resource_versions`. Changed
     /// only through [`TypeState::hold`] / [`TypeState::unhold`] while building a response, so a
     /// NACK can put it back (A23: a client that rejects a version keeps the one before).
-    known: HashMap<Locator, Held>,
+    /// Ordered by name, so a name's entries are one range (see [`first_of`]).
+    known: BTreeMap<Locator, Held>,
     /// What the responses not yet ACKed changed in `known`.
     unacked: Unacked<Locator, Held>,
     /// What a NACKed response gave (`None`: removed) where the client kept its previous version:
@@ -137,7 +138,7 @@ struct TypeState {
     /// Evaluate every name of the type at the next build (wildcard start, wildcard sync).
     pending_all: bool,
     /// Subscriptions that must be sent even if the client holds the current version (A6, A7).
-    forced: HashSet<Locator>,
+    forced: BTreeSet<Locator>,
     /// Store sequence at subscription time, for `do_not_cache` content (D2).
     stamps: SubscriptionStamps,
     /// Names whose TTL the upstream refreshed: forward the heartbeat to holders of that version.
@@ -309,6 +310,15 @@ impl Builder {
             && self.removed_variants.is_empty()
             && self.errors.is_empty()
     }
+}
+
+/// The smallest locator of `name`: locators order by name first and the empty parameter set sorts
+/// before any other, so `range(first_of(name)..)` while the name matches is every locator of that
+/// name. Builds run per name per response, so they must not scan everything the client holds.
+fn first_of(name: &Name) -> Locator {
+    static NO_PARAMS: std::sync::LazyLock<Arc<Params>> =
+        std::sync::LazyLock::new(|| Arc::new(Params::new()));
+    Locator::with_params(name.clone(), NO_PARAMS.clone())
 }
 
 /// How a client identifies a resource in a response: its plain name (by-name subscribers, and
@@ -564,6 +574,7 @@ impl DeltaStream {
             n => n,
         };
         let budget = limit - RESPONSE_OVERHEAD_BYTES.min(limit / 4);
+        let largest = store.largest_bytes(type_url);
         let ts = self.types.get_mut(type_url)?;
         // Changes staged by an earlier build belong to its response (or to none).
         ts.unacked.seal(ts.last_nonce.as_deref());
@@ -580,7 +591,11 @@ impl DeltaStream {
         let mut out = Builder::default();
         let mut candidates = candidates.into_iter();
         while let Some(name) = candidates.next() {
-            if !out.resources.is_empty() && out.bytes + store.name_bytes(type_url, &name) > budget {
+            // The exact size is looked up only near the limit.
+            if !out.resources.is_empty()
+                && out.bytes + largest > budget
+                && out.bytes + store.name_bytes(type_url, &name) > budget
+            {
                 // The rest goes in the next response, built when the client can take it.
                 ts.pending.insert(name);
                 ts.pending.extend(candidates);
@@ -605,11 +620,15 @@ impl DeltaStream {
             if ts.wildcard {
                 subs.entry(wild.clone()).or_insert((true, true));
             }
-            for l in ts.known.keys().chain(ts.forced.iter()) {
-                if l.name == name {
-                    subs.entry(l.clone())
-                        .or_insert((l.params == defaults, false));
-                }
+            let first = first_of(&name);
+            let held = ts.known.range(&first..).map(|(l, _)| l);
+            let forced = ts.forced.range(&first..);
+            for l in held
+                .take_while(|l| l.name == name)
+                .chain(forced.take_while(|l| l.name == name))
+            {
+                subs.entry(l.clone())
+                    .or_insert((l.params == defaults, false));
             }
             for (l, (by_name, covered)) in subs {
                 Self::evaluate(
@@ -638,7 +657,8 @@ impl DeltaStream {
         // A23: a heartbeat goes only to clients holding exactly that version; anyone else either
         // gets the resource in full (above) or is behind after a NACK and must not be refreshed.
         for name in std::mem::take(&mut ts.heartbeats) {
-            for (l, held) in ts.known.iter().filter(|(l, _)| l.name == name) {
+            let first = first_of(&name);
+            for (l, held) in ts.known.range(&first..).take_while(|(l, _)| l.name == name) {
                 let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) else {
                     continue;
                 };

@@ -53,6 +53,9 @@ struct TypeStore {
     /// answer a wildcard request, not to tell a client that a name it holds is gone (it may be
     /// newer than the snapshot, or not sent yet, D9).
     wildcard_restored: bool,
+    /// The largest encoded resource of the type seen so far: a bound that lets response building
+    /// skip per-name size checks while a response is far from its limit.
+    largest: usize,
 }
 
 /// Names whose content or existence changed in one upstream response.
@@ -156,13 +159,9 @@ impl Store {
             ..Store::default()
         };
         for (type_url, r) in resources {
-            let entry = store
-                .types
-                .entry(type_url)
-                .or_default()
-                .names
-                .entry(r.name.clone())
-                .or_default();
+            let ts = store.types.entry(type_url).or_default();
+            ts.largest = ts.largest.max(r.encoded.len());
+            let entry = ts.names.entry(r.name.clone()).or_default();
             entry.variants.insert(r.key.clone(), Arc::new(r));
         }
         store
@@ -230,6 +229,11 @@ impl Store {
             .get(type_url)
             .and_then(|t| t.names.get(name))
             .map(|e| e.variants.contains_key(key))
+    }
+
+    /// The largest encoded resource of the type seen so far (an upper bound for any one of them).
+    pub fn largest_bytes(&self, type_url: &str) -> usize {
+        self.types.get(type_url).map_or(0, |t| t.largest)
     }
 
     /// Encoded bytes of every variant held for `name` (what keeping it costs).
@@ -409,6 +413,7 @@ impl Store {
             }
             r.arrival = seq;
             changed.push(r.name.clone());
+            ts.largest = ts.largest.max(r.encoded.len());
             entry.variants.insert(r.key.clone(), Arc::new(r));
         }
         for name in update.removed {
@@ -583,6 +588,7 @@ impl Store {
                 {
                     continue;
                 }
+                ts.largest = ts.largest.max(resource.encoded.len());
                 let entry = ts.names.entry(resource.name.clone()).or_default();
                 if let Some(at) = expires {
                     entry.expires.insert(resource.key.clone(), at);
