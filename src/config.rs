@@ -79,6 +79,10 @@ pub struct RelayArgs {
     /// Longest resource name, type_url or locator parameter in a request, in bytes [default: 4096]
     #[arg(long, value_name = "BYTES")]
     pub max_name_bytes: Option<usize>,
+    /// File descriptors kept free for the admin port, the upstream and snapshots: new client
+    /// connections are closed at once when fewer are free; 0 disables it [default: 64]
+    #[arg(long, value_name = "N")]
+    pub fd_reserve: Option<u64>,
     /// Sustained requests per second per stream; 0 disables the limit [default: 100]
     #[arg(long, value_name = "N")]
     pub max_requests_per_second: Option<u32>,
@@ -183,6 +187,7 @@ struct FileConfig {
     max_subscriptions_per_stream: Option<usize>,
     max_name_bytes: Option<usize>,
     max_requests_per_second: Option<u32>,
+    fd_reserve: Option<u64>,
     request_burst: Option<u32>,
     stuck_client_timeout: Option<String>,
     drain_period: Option<String>,
@@ -311,6 +316,9 @@ pub struct Limits {
     pub stuck_client_timeout: Duration,
     /// Graceful shutdown spreads connection closes over this period.
     pub drain_period: Duration,
+    /// File descriptors kept free for the admin port, upstream connections and snapshot files:
+    /// a new client connection is closed at once when fewer would remain. 0 disables it.
+    pub fd_reserve: u64,
 }
 
 impl Default for Limits {
@@ -324,6 +332,7 @@ impl Default for Limits {
             request_burst: 1000,
             stuck_client_timeout: Duration::from_secs(60),
             drain_period: Duration::from_secs(10),
+            fd_reserve: 64,
         }
     }
 }
@@ -564,6 +573,9 @@ impl RelayArgs {
                     ));
                 }
                 l.max_streams_per_connection = s.value;
+            }
+            if let Some(s) = pick(self.fd_reserve, "fd-reserve", file.fd_reserve, &path) {
+                l.fd_reserve = s.value;
             }
             if let Some(s) = pick(
                 self.max_requests_per_second,

@@ -189,10 +189,17 @@ impl Relay {
                     state.interest.refetch_fallbacks,
                     state.store.ttl_expired,
                     unsubscribed,
+                    state.interest.wildcards_unanswered,
                 )
             };
-            let (subscriptions, refetches, refetch_fallbacks, ttl_expired, unsubscribed) =
-                subscriptions;
+            let (
+                subscriptions,
+                refetches,
+                refetch_fallbacks,
+                ttl_expired,
+                unsubscribed,
+                wildcards_unanswered,
+            ) = subscriptions;
             let status = lock(&g.status).clone();
             s.groups.push(GroupScrape {
                 group: g.name.clone(),
@@ -211,6 +218,7 @@ impl Relay {
                 failovers: status.failovers,
                 upstream: status.upstream.clone().unwrap_or_default(),
                 unsubscribed,
+                wildcards_unanswered,
             });
         }
         self.metrics.render(s)

@@ -23,6 +23,7 @@ use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
 use super::resource::{canonical_name, CachedResource, Locator, Name, SubscriptionStamps};
 use super::store::{ChangeSet, Lookup, Store};
+use super::unacked::Unacked;
 use super::xdstp;
 use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceError, ResourceName};
 use crate::pb::wire;
@@ -123,14 +124,22 @@ struct TypeState {
     wildcard: bool,
     /// name -> parameter set -> subscribed by plain name (true) or by locator (false).
     explicit: BTreeMap<Name, BTreeMap<Arc<Params>, bool>>,
-    /// What the client holds, from our responses and its `initial_resource_versions`.
-    known: HashMap<Locator, Held>,
+    /// What the client holds, from our responses and its `initial_resource_versions`. Changed
+    /// only through [`TypeState::hold`] / [`TypeState::unhold`] while building a response, so a
+    /// NACK can put it back (A23: a client that rejects a version keeps the one before).
+    /// Ordered by name, so a name's entries are one range (see [`first_of`]).
+    known: BTreeMap<Locator, Held>,
+    /// What the responses not yet ACKed changed in `known`.
+    unacked: Unacked<Locator, Held>,
+    /// What a NACKed response gave (`None`: removed) where the client kept its previous version:
+    /// not sent again until it changes, a re-subscribe (A7) or a new stream (A31).
+    rejected: HashMap<Locator, Option<Held>>,
     /// Names to evaluate at the next build.
     pending: BTreeSet<Name>,
     /// Evaluate every name of the type at the next build (wildcard start, wildcard sync).
     pending_all: bool,
     /// Subscriptions that must be sent even if the client holds the current version (A6, A7).
-    forced: HashSet<Locator>,
+    forced: BTreeSet<Locator>,
     /// Store sequence at subscription time, for `do_not_cache` content (D2).
     stamps: SubscriptionStamps,
     /// Names whose TTL the upstream refreshed: forward the heartbeat to holders of that version.
@@ -157,6 +166,63 @@ impl TypeState {
             || self.owe_response
             || !self.heartbeats.is_empty()
             || !self.invalid.is_empty()
+    }
+
+    /// Records that the response being built gives the client `held` for `l`.
+    fn hold(&mut self, l: &Locator, held: Held) {
+        self.unacked
+            .record(l, self.known.get(l), self.last_nonce.as_deref());
+        self.known.insert(l.clone(), held);
+        self.rejected.remove(l);
+    }
+
+    /// Records that the response being built takes `l` from the client (or sends it again later).
+    fn unhold(&mut self, l: &Locator) -> Option<Held> {
+        let before = self.known.remove(l);
+        if before.is_some() {
+            self.unacked
+                .record(l, before.as_ref(), self.last_nonce.as_deref());
+        }
+        self.rejected.remove(l);
+        before
+    }
+
+    /// The client dropped `l` itself: nothing of it is held or to restore.
+    fn forget(&mut self, l: &Locator) {
+        self.known.remove(l);
+        self.unacked.forget(l);
+        self.rejected.remove(l);
+    }
+
+    /// Whether the client rejected exactly this outcome for `l` (`None`: a removal).
+    fn was_rejected(&self, l: &Locator, r: Option<&Arc<CachedResource>>) -> bool {
+        match (self.rejected.get(l), r) {
+            (Some(Some(h)), Some(r)) => h.is(r),
+            (Some(None), None) => true,
+            _ => false,
+        }
+    }
+
+    /// Settles the response a request answers: an ACK keeps `known`, a NACK restores what the
+    /// client held before the response, since it keeps that (A23, and what CSDS reports).
+    fn settle(&mut self, nonce: &str, nacked: bool) {
+        self.unacked.seal(self.last_nonce.as_deref());
+        if !nacked {
+            self.unacked.ack(nonce);
+            return;
+        }
+        for (l, before) in self.unacked.nack(nonce, false) {
+            let after = self.known.get(&l).cloned();
+            self.rejected.insert(l.clone(), after);
+            match before {
+                Some(h) => {
+                    self.known.insert(l, h);
+                }
+                None => {
+                    self.known.remove(&l);
+                }
+            }
+        }
     }
 
     fn explicit_contains(&self, l: &Locator) -> bool {
@@ -258,6 +324,15 @@ impl Builder {
             && self.removed_variants.is_empty()
             && self.errors.is_empty()
     }
+}
+
+/// The smallest locator of `name`: locators order by name first and the empty parameter set sorts
+/// before any other, so `range(first_of(name)..)` while the name matches is every locator of that
+/// name. Builds run per name per response, so they must not scan everything the client holds.
+fn first_of(name: &Name) -> Locator {
+    static NO_PARAMS: std::sync::LazyLock<Arc<Params>> =
+        std::sync::LazyLock::new(|| Arc::new(Params::new()));
+    Locator::with_params(name.clone(), NO_PARAMS.clone())
 }
 
 /// How a client identifies a resource in a response: its plain name (by-name subscribers, and
@@ -373,11 +448,14 @@ impl DeltaStream {
                     effects.release.push(Locator::plain(WILDCARD));
                     // A4: the client drops wildcard-only resources itself.
                     let explicit = &ts.explicit;
-                    ts.known.retain(|k, _| {
+                    let keep = |k: &Locator| {
                         explicit
                             .get(&k.name)
                             .is_some_and(|m| m.contains_key(&k.params))
-                    });
+                    };
+                    ts.known.retain(|k, _| keep(k));
+                    ts.rejected.retain(|k, _| keep(k));
+                    ts.unacked.retain(keep);
                 }
                 continue;
             }
@@ -402,17 +480,20 @@ impl DeltaStream {
                 ts.forced.insert(l);
             } else {
                 // A9: no response needed; stop tracking so a later subscribe starts fresh.
-                ts.known.remove(&l);
+                ts.forget(&l);
                 ts.forced.remove(&l);
                 if ts.empty_globs.remove(&l.name) || xdstp::is_glob(&l.name) {
                     // A28: so are the members the glob alone covered.
                     let explicit = &ts.explicit;
-                    ts.known.retain(|k, _| {
+                    let keep = |k: &Locator| {
                         xdstp::collection_of(&k.name).as_deref() != Some(&*l.name)
                             || explicit
                                 .get(&k.name)
                                 .is_some_and(|m| m.contains_key(&k.params))
-                    });
+                    };
+                    ts.known.retain(|k, _| keep(k));
+                    ts.rejected.retain(|k, _| keep(k));
+                    ts.unacked.retain(keep);
                 }
             }
         }
@@ -431,6 +512,8 @@ impl DeltaStream {
                 ts.last_ack = Some(nonce.clone());
                 AckStatus::Ack { nonce }
             };
+            // Stale answers count too: a client answers every response, in order.
+            ts.settle(&req.response_nonce, req.error_detail.is_some());
         }
         Ok(effects)
     }
@@ -601,6 +684,7 @@ impl DeltaStream {
             n => n,
         };
         let budget = limit - RESPONSE_OVERHEAD_BYTES.min(limit / 4);
+        let largest = store.largest_bytes(type_url);
         let scope = self.vhds_scope(type_url);
         let in_scope = |name: &str| {
             scope
@@ -608,6 +692,8 @@ impl DeltaStream {
                 .is_none_or(|s| s.iter().any(|p| name.starts_with(p.as_str())))
         };
         let ts = self.types.get_mut(type_url)?;
+        // Changes staged by an earlier build belong to its response (or to none).
+        ts.unacked.seal(ts.last_nonce.as_deref());
         let mut candidates = std::mem::take(&mut ts.pending);
         if ts.pending_all {
             ts.pending_all = false;
@@ -623,7 +709,11 @@ impl DeltaStream {
         // Glob collections whose emptiness may have changed (A28).
         let mut globs: BTreeSet<Name> = BTreeSet::new();
         while let Some(name) = candidates.pop_front() {
-            if !out.resources.is_empty() && out.bytes + store.name_bytes(type_url, &name) > budget {
+            // The exact size is looked up only near the limit.
+            if !out.resources.is_empty()
+                && out.bytes + largest > budget
+                && out.bytes + store.name_bytes(type_url, &name) > budget
+            {
                 // The rest goes in the next response, built when the client can take it.
                 ts.pending.insert(name);
                 ts.pending.extend(candidates);
@@ -662,11 +752,15 @@ impl DeltaStream {
             if ts.wildcard && in_scope(&name) {
                 subs.entry(wild.clone()).or_insert((true, true));
             }
-            for l in ts.known.keys().chain(ts.forced.iter()) {
-                if l.name == name {
-                    subs.entry(l.clone())
-                        .or_insert((l.params == defaults, false));
-                }
+            let first = first_of(&name);
+            let held = ts.known.range(&first..).map(|(l, _)| l);
+            let forced = ts.forced.range(&first..);
+            for l in held
+                .take_while(|l| l.name == name)
+                .chain(forced.take_while(|l| l.name == name))
+            {
+                subs.entry(l.clone())
+                    .or_insert((l.params == defaults, false));
             }
             for (l, (by_name, covered)) in subs {
                 Self::evaluate(
@@ -710,7 +804,8 @@ impl DeltaStream {
         // A23: a heartbeat goes only to clients holding exactly that version; anyone else either
         // gets the resource in full (above) or is behind after a NACK and must not be refreshed.
         for name in std::mem::take(&mut ts.heartbeats) {
-            for (l, held) in ts.known.iter().filter(|(l, _)| l.name == name) {
+            let first = first_of(&name);
+            for (l, held) in ts.known.range(&first..).take_while(|(l, _)| l.name == name) {
                 let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) else {
                     continue;
                 };
@@ -829,7 +924,7 @@ impl DeltaStream {
     ) {
         let forced = ts.forced.contains(l);
         let remove = |ts: &mut TypeState, out: &mut Builder| {
-            let held = ts.known.remove(l);
+            let held = ts.unhold(l);
             match held.as_ref().and_then(Held::constraints) {
                 Some(c) if !by_name => out.removed_variants.push(ResourceName {
                     name: l.name.to_string(),
@@ -864,7 +959,8 @@ impl DeltaStream {
                         return;
                     }
                 }
-                if forced || !held.is_some_and(|h| h.is(r)) {
+                let rejected = ts.was_rejected(l, Some(r));
+                if forced || !(held.is_some_and(|h| h.is(r)) || rejected) {
                     // E14: a locator subscriber switching variants is told the old one is gone.
                     if let Some((key, Some(c))) = held.map(|h| (h.key(), h.constraints())) {
                         if !by_name && *key != r.key {
@@ -875,18 +971,18 @@ impl DeltaStream {
                         }
                     }
                     if out.add(r, by_name) {
-                        ts.known.insert(l.clone(), Held::Sent(r.clone()));
+                        ts.hold(l, Held::Sent(r.clone()));
                     } else {
                         // Another subscription of the name took its wire identity: whatever the
                         // client held under it is replaced, so send this one again later.
-                        ts.known.remove(l);
+                        ts.unhold(l);
                     }
                 }
                 ts.forced.remove(l);
             }
             Lookup::Absent => {
                 // A10/A12: tell the client, once, that it does not exist.
-                if covered && (forced || ts.known.contains_key(l)) {
+                if covered && (forced || (ts.known.contains_key(l) && !ts.was_rejected(l, None))) {
                     remove(ts, out);
                 } else {
                     ts.forced.remove(l);
@@ -982,6 +1078,17 @@ impl DeltaStream {
                         .filter(|n| !ts.known.keys().any(|l| &l.name == *n))
                         .cloned()
                         .collect()
+                } else {
+                    Vec::new()
+                },
+                rejected: if resources {
+                    let mut v: Vec<(Name, String)> = ts
+                        .rejected
+                        .iter()
+                        .filter_map(|(l, h)| Some((l.name.clone(), h.as_ref()?.version().into())))
+                        .collect();
+                    v.sort();
+                    v
                 } else {
                     Vec::new()
                 },

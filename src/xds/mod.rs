@@ -6,6 +6,7 @@
 //! - [`delta`]: the per-stream Delta state machine: requests and changes in, responses out.
 //! - [`frame`]: responses encoded once as gRPC messages and shared by every stream due them.
 //! - [`group`]: one aggregation group's store, interest, subscriber index and unsubscribed set.
+//! - [`unacked`]: what each unacknowledged response changed in a stream's record, undone on NACK.
 //! - [`xdstp`]: `xdstp://` names: parsing, canonical form, glob collections (A28, A29).
 //! - [`unsubscribed`]: names no client wants any more, kept fresh within a byte budget (LRU).
 
@@ -18,6 +19,7 @@ pub mod resource;
 pub mod sotw;
 pub mod store;
 pub mod stream;
+pub mod unacked;
 pub mod unsubscribed;
 pub mod xdstp;
 

@@ -53,6 +53,9 @@ pub struct TypeSnapshot {
     pub resources: Vec<(Name, String)>,
     /// Explicitly subscribed names not sent yet; filled only when asked for resources.
     pub waiting: Vec<Name>,
+    /// (name, version) the client rejected and did not take: it still holds what `resources`
+    /// says (or nothing). Filled only when asked for resources.
+    pub rejected: Vec<(Name, String)>,
 }
 
 /// What the adapter reads from any xDS request.
