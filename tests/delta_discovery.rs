@@ -656,3 +656,27 @@ fn c04_reconnect_reports_versions_of_collection_members_and_aliased_resources() 
     let vhds = g.store.initial_versions(VHDS, |n| g.keeps(VHDS, n));
     assert_eq!(vhds.get("rc1/vhost_1").map(String::as_str), Some("v1"));
 }
+
+#[test]
+fn d02_do_not_cache_collection_members_go_only_to_waiting_glob_subscribers() {
+    use adsrelay::pb::discovery::resource::CacheControl;
+    let mut w = World::new();
+    w.sub(1, LDS, &[GLOB]);
+    let mut member = resource(LDS, FOO_A, "v1", &[]);
+    member.cache_control = Some(CacheControl { do_not_cache: true });
+    w.upstream(LDS, vec![member.encode_to_vec().into()], &[]);
+    // The client that was waiting gets it.
+    assert_eq!(w.one(1).names(), set(&[FOO_A]));
+    // A later subscriber of the collection is not served the cached copy: the relay asks the
+    // upstream for the collection again instead.
+    w.sub(2, LDS, &[GLOB]);
+    w.none(2);
+    let refetch = w.streams.get_mut(&2).unwrap().take_refetch();
+    assert_eq!(
+        refetch
+            .iter()
+            .map(|(t, l)| (t.as_str(), &*l.name))
+            .collect::<Vec<_>>(),
+        vec![(LDS, GLOB)]
+    );
+}
