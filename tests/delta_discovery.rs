@@ -680,3 +680,105 @@ fn d02_do_not_cache_collection_members_go_only_to_waiting_glob_subscribers() {
         vec![(LDS, GLOB)]
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Property: a glob subscriber's view follows the collection
+// ---------------------------------------------------------------------------------------------
+
+/// Spellings the upstream may use for names in and around the collection.
+const SPELLINGS: [&str; 6] = [
+    FOO_A,
+    "xdstp://auth/envoy.config.listener.v3.Listener/foo/a?node_type=ingress",
+    FOO_B,
+    FOO_EGRESS,
+    FOO_DEEP,
+    "xdstp://auth/envoy.config.listener.v3.Listener/foo/b?node_type=ingress",
+];
+
+#[derive(Debug, Clone)]
+enum GlobOp {
+    Subscribe,
+    Unsubscribe,
+    Upstream {
+        add: Vec<(usize, u8)>,
+        remove: Vec<usize>,
+    },
+}
+
+fn glob_op() -> impl proptest::strategy::Strategy<Value = GlobOp> {
+    use proptest::prelude::*;
+    prop_oneof![
+        Just(GlobOp::Subscribe),
+        Just(GlobOp::Unsubscribe),
+        (
+            proptest::collection::vec((0..SPELLINGS.len(), 0u8..3), 0..3),
+            proptest::collection::vec(0..SPELLINGS.len(), 0..2)
+        )
+            .prop_map(|(add, remove)| GlobOp::Upstream { add, remove }),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Whatever the upstream sends and however it spells names, a client subscribed to the glob
+    /// holds exactly the collection's members the relay holds, under canonical names, and never
+    /// anything outside the collection.
+    #[test]
+    fn glob_subscriber_holds_exactly_the_collection(ops in proptest::collection::vec(glob_op(), 1..30)) {
+        let mut w = World::new();
+        let mut subscribed = false;
+        let mut held: BTreeSet<String> = BTreeSet::new();
+        // An unrelated subscriber keeps some names outside the collection wanted.
+        w.sub(2, LDS, &[FOO_EGRESS, FOO_DEEP]);
+        for op in ops {
+            match op {
+                GlobOp::Subscribe => {
+                    w.sub(1, LDS, &[GLOB]);
+                    subscribed = true;
+                }
+                GlobOp::Unsubscribe if subscribed => {
+                    w.unsub(1, LDS, &[GLOB]);
+                    subscribed = false;
+                    // The client drops what only the glob brought (A9).
+                    held.clear();
+                }
+                GlobOp::Unsubscribe => {}
+                GlobOp::Upstream { add, remove } => {
+                    let canon = |i: usize| adsrelay::xds::xdstp::canonical(SPELLINGS[i]).unwrap().into_owned();
+                    let mut names = BTreeSet::new();
+                    let resources = add
+                        .iter()
+                        .filter(|(i, _)| names.insert(canon(*i)))
+                        .map(|(i, v)| res(LDS, SPELLINGS[*i], &v.to_string()))
+                        .collect();
+                    let removed: Vec<&str> = remove
+                        .iter()
+                        .filter(|i| !names.contains(&canon(**i)))
+                        .map(|i| SPELLINGS[*i])
+                        .collect();
+                    w.upstream(LDS, resources, &removed);
+                }
+            }
+            if w.streams.contains_key(&1) {
+                for r in w.drain(1) {
+                    for n in r.removed {
+                        held.remove(&n);
+                    }
+                    held.extend(r.resources.into_keys());
+                }
+            }
+            w.drain(2);
+            if subscribed {
+                let want: BTreeSet<String> = w
+                    .group
+                    .store
+                    .collection_members(LDS, GLOB)
+                    .map(|n| n.to_string())
+                    .collect();
+                proptest::prop_assert_eq!(&held, &want);
+                proptest::prop_assert!(held.iter().all(|n| n == FOO_A || n == FOO_B));
+            }
+        }
+    }
+}
