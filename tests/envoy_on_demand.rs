@@ -2,7 +2,8 @@
 //! configuration with `vhds`, the `on_demand` HTTP filter with on-demand CDS, and a scripted
 //! upstream that resolves VHDS aliases and serves clusters by name. A request for a host the
 //! route table does not have makes Envoy fetch its virtual host by alias (VHDS on demand), then
-//! the cluster that virtual host routes to (ODCDS); the request succeeds.
+//! the cluster that virtual host routes to (ODCDS); the request succeeds. And LEDS: a cluster
+//! whose endpoints are an xdstp glob collection, expanded by the upstream, reaches its backend.
 
 mod support;
 
@@ -338,6 +339,213 @@ async fn envoy_vhds_and_cds_on_demand_through_the_relay() {
     assert!(
         seen.contains(&(CDS.to_string(), "od_cluster".to_string())),
         "the cluster was fetched on demand: {seen:?}"
+    );
+    drop(relay);
+}
+
+// ---------------------------------------------------------------------------------------------
+// LEDS: endpoints as an xdstp glob collection (A28)
+// ---------------------------------------------------------------------------------------------
+
+const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+const LEDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.LbEndpoint";
+const LEDS_GLOB: &str = "xdstp://test/envoy.config.endpoint.v3.LbEndpoint/leds_cluster/*";
+
+const LEDS_BOOTSTRAP: &str = r#"
+admin:
+  address:
+    socket_address: { address: 127.0.0.1, port_value: 9901 }
+dynamic_resources:
+  ads_config:
+    api_type: DELTA_GRPC
+    transport_api_version: V3
+    set_node_on_first_message_only: true
+    grpc_services:
+      - envoy_grpc: { cluster_name: adsrelay }
+  cds_config: { ads: {}, resource_api_version: V3 }
+static_resources:
+  listeners:
+    - name: leds_listener
+      address:
+        socket_address: { address: 127.0.0.1, port_value: LISTENER_PORT }
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: leds
+                route_config:
+                  validate_clusters: false
+                  virtual_hosts:
+                    - name: all
+                      domains: ["*"]
+                      routes:
+                        - match: { prefix: "/" }
+                          route: { cluster: leds_cluster }
+                http_filters:
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: adsrelay
+      type: STATIC
+      connect_timeout: 1s
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config:
+            http2_protocol_options: {}
+      load_assignment:
+        cluster_name: adsrelay
+        endpoints:
+          - lb_endpoints:
+              - endpoint:
+                  address:
+                    socket_address: { address: 127.0.0.1, port_value: 18000 }
+"#;
+
+fn leds_answer(
+    req: &DeltaDiscoveryRequest,
+    backend: std::net::SocketAddr,
+) -> wire::DeltaDiscoveryResponse {
+    use envoy_types::pb::envoy::config::endpoint::v3::{
+        locality_lb_endpoints, LedsClusterLocalityConfig,
+    };
+    let mut resp = wire::DeltaDiscoveryResponse {
+        type_url: req.type_url.clone(),
+        ..Default::default()
+    };
+    for name in &req.resource_names_subscribe {
+        match (req.type_url.as_str(), name.as_str()) {
+            (CDS, "*") | (CDS, "leds_cluster") => resp.resources.push(wrap(
+                "leds_cluster",
+                vec![],
+                &Cluster {
+                    name: "leds_cluster".into(),
+                    connect_timeout: Some(PbDuration {
+                        seconds: 1,
+                        nanos: 0,
+                    }),
+                    cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+                        cluster::DiscoveryType::Eds as i32,
+                    )),
+                    eds_cluster_config: Some(cluster::EdsClusterConfig {
+                        eds_config: Some(ads()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )),
+            (EDS, "leds_cluster") => resp.resources.push(wrap(
+                "leds_cluster",
+                vec![],
+                &ClusterLoadAssignment {
+                    cluster_name: "leds_cluster".into(),
+                    endpoints: vec![LocalityLbEndpoints {
+                        lb_config: Some(
+                            locality_lb_endpoints::LbConfig::LedsClusterLocalityConfig(
+                                LedsClusterLocalityConfig {
+                                    leds_config: Some(ads()),
+                                    leds_collection_name: LEDS_GLOB.into(),
+                                },
+                            ),
+                        ),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            )),
+            // An xdstp-aware control plane expands the collection.
+            (LEDS, LEDS_GLOB) => {
+                let ep = LbEndpoint {
+                    host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                        address: Some(Address {
+                            address: Some(address::Address::SocketAddress(SocketAddress {
+                                address: backend.ip().to_string(),
+                                port_specifier: Some(socket_address::PortSpecifier::PortValue(
+                                    backend.port().into(),
+                                )),
+                                ..Default::default()
+                            })),
+                        }),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                };
+                resp.resources.push(wrap(
+                    "xdstp://test/envoy.config.endpoint.v3.LbEndpoint/leds_cluster/ep1",
+                    vec![],
+                    &ep,
+                ));
+            }
+            (_, n) => resp.removed_resources.push(n.into()),
+        }
+    }
+    resp
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_leds_glob_collection_through_the_relay() {
+    let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let backend_addr = backend.local_addr().unwrap();
+    tokio::spawn(adsrelay::demo::backend::serve(backend));
+
+    let h = Harness::start().await;
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let (cp, mut requests, relay) = (h.cp.clone(), h.requests, h.relay);
+    let log = seen.clone();
+    tokio::spawn(async move {
+        let mut nonce = 0;
+        while let Some(r) = requests.next().await {
+            if r.resource_names_subscribe.is_empty() {
+                continue;
+            }
+            log.lock().unwrap().extend(
+                r.resource_names_subscribe
+                    .iter()
+                    .map(|n| (r.type_url.clone(), n.clone())),
+            );
+            let mut resp = leds_answer(&r, backend_addr);
+            nonce += 1;
+            resp.nonce = format!("n{nonce}");
+            let tx = cp.current.lock().unwrap().clone();
+            if let Some(tx) = tx {
+                let _ = tx.send(Ok(resp)).await;
+            }
+        }
+    });
+
+    let listener_port = free_port();
+    let mut envoy = Envoy::start_edited(
+        "bootstrap-delta.yaml",
+        relay.xds.port(),
+        "leds-envoy",
+        "g",
+        |_| LEDS_BOOTSTRAP.replace("LISTENER_PORT", &listener_port.to_string()),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(envoy.is_running(), "envoy exited:\n{}", envoy.log_tail());
+        let (code, text) = get_host(listener_port, "any.test").await;
+        if code == 200 {
+            assert!(
+                text.contains(adsrelay::demo::backend::GREETING.trim()),
+                "{text}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no 200 through the LEDS cluster (last {code}); upstream saw {:?}\n{}",
+            seen.lock().unwrap(),
+            envoy.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.contains(&(LEDS.to_string(), LEDS_GLOB.to_string())),
+        "the relay subscribed the collection upstream: {seen:?}"
     );
     drop(relay);
 }
