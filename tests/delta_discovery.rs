@@ -566,6 +566,11 @@ fn a27_first_empty_vhds_request_is_scoped_to_the_clients_route_configurations() 
     w.none(1);
     w.upstream(VHDS, vec![vhost("rc1/vhost_3", "v1", &[])], &[]);
     assert_eq!(w.one(1).names(), set(&["rc1/vhost_3"]));
+    // Another client's unresolved alias is for that client only.
+    w.sub(3, VHDS, &["rc1/nope.com"]);
+    w.upstream(VHDS, vec![unresolved("rc1/nope.com")], &[]);
+    assert_eq!(w.one(3).names(), set(&["rc1/nope.com"]));
+    w.none(1);
     // A client with no route configuration gets an empty answer, not the cache's virtual hosts.
     w.sub(2, VHDS, &[]);
     let r = w.one(2);

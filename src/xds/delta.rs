@@ -749,7 +749,7 @@ impl DeltaStream {
             }
             let wild = Locator::with_params(name.clone(), defaults.clone());
             let wild_explicit = subs.contains_key(&wild);
-            if ts.wildcard && in_scope(&name) {
+            if ts.wildcard && in_scope(&name) && !store.is_unresolved_alias(type_url, &name) {
                 subs.entry(wild.clone()).or_insert((true, true));
             }
             let first = first_of(&name);

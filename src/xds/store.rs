@@ -755,6 +755,17 @@ impl Store {
         }
     }
 
+    /// Whether what is held for `name` is only the upstream's unresolved-alias answer (A25): it
+    /// is for the clients that asked for that alias, not part of a wildcard's set.
+    pub fn is_unresolved_alias(&self, type_url: &str, name: &str) -> bool {
+        self.types
+            .get(type_url)
+            .and_then(|t| t.names.get(name))
+            .is_some_and(|e| {
+                !e.variants.is_empty() && e.variants.values().all(|v| v.unresolved_alias)
+            })
+    }
+
     /// The name of the resource `alias` resolves to (A25), if it is a known alias.
     pub fn resolve_alias(&self, type_url: &str, alias: &str) -> Option<&Name> {
         self.types.get(type_url)?.aliases.get(alias)
