@@ -1378,6 +1378,23 @@ mod tests {
     }
 
     #[test]
+    fn connection_age_is_jittered_down_by_at_most_a_tenth() {
+        let mut limits = Limits::default();
+        assert_eq!(limits.connection_age_jittered(), None, "off by default");
+        limits.max_connection_age = Some(Duration::from_secs(1800));
+        let ages: Vec<Duration> = (0..200)
+            .filter_map(|_| limits.connection_age_jittered())
+            .collect();
+        assert!(ages
+            .iter()
+            .all(|a| *a > Duration::from_secs(1620) && *a <= Duration::from_secs(1800)));
+        assert!(
+            ages.iter().any(|a| *a != ages[0]),
+            "every draw gave the same age: no jitter"
+        );
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));

@@ -108,6 +108,11 @@ fn flag_beats_env_beats_file_beats_default() {
         format!("listen = \"0.0.0.0:18001\"  # file {shown}")
     );
     assert_eq!(
+        line(&stdout, "upstreams"),
+        format!("upstreams = [\"http://10.0.0.1:18000/\"]  # file {shown}"),
+        "the failover list follows the single upstream's source"
+    );
+    assert_eq!(
         line(&stdout, "max_connections"),
         "max_connections = 20000  # default"
     );

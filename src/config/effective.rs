@@ -50,6 +50,11 @@ pub fn source(
                 .map(|_| m.value_source(key))
         })
         .flatten();
+    // The failover list defaults to the single upstream: it comes from wherever that came from.
+    if key == "upstreams" && from_flags.is_none() && !file.is_some_and(|(t, _)| t.contains_key(key))
+    {
+        return source("upstream", matches, file);
+    }
     match from_flags {
         Some(ValueSource::CommandLine) => Source::Flag(flag_of(key)),
         Some(ValueSource::EnvVariable) => Source::Env(super::env_var(&flag_of(key))),
