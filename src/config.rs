@@ -1,5 +1,6 @@
-//! Command line and config file -> validated [`Config`]. Every error names the flag or the file and
-//! field it came from. Flags override the file.
+//! Command line, `ADSRELAY_*` environment and config file -> validated [`Config`], with one
+//! precedence: flag > environment variable > file > default. Every error names the flag, the
+//! variable or the file, and the field it came from.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -111,7 +112,7 @@ pub struct RelayArgs {
     /// On SIGTERM, close client connections gradually over this period, then exit [default: 10s]
     #[arg(long, value_name = "DURATION", env = "ADSRELAY_DRAIN_PERIOD")]
     pub drain_period: Option<String>,
-    /// TOML config file; flags override its values
+    /// TOML config file; flags and ADSRELAY_* variables override its values
     #[arg(long, value_name = "FILE", env = "ADSRELAY_CONFIG")]
     pub config: Option<PathBuf>,
     /// Warm restart: persist the cache to this file and serve from it after a restart (off unless
