@@ -1,7 +1,7 @@
 //! `max_connection_age` with a real Envoy (issue 14): with a 3 s age the relay sends the Envoy's
 //! connection an HTTP/2 GOAWAY; Envoy reconnects (a new accepted connection), its listener and
-//! cluster are served throughout, and the relay resends nothing Envoy already holds (Envoy's Delta
-//! reconnect carries initial_resource_versions).
+//! cluster are served throughout and never rebuilt, and the relay resends nothing Envoy already
+//! holds (Envoy's Delta reconnect carries initial_resource_versions).
 
 mod support;
 
@@ -20,6 +20,28 @@ fn metric(page: &str, name: &str) -> f64 {
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// Envoy's counters of listeners and clusters added, modified (rebuilt, which drains a
+/// listener's connections) and removed.
+const CHURN_STATS: &str =
+    "/stats?filter=(listener|cluster)_(added|modified|removed)$&usedonly=false";
+
+fn config_churn(stats: &str) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = stats
+        .lines()
+        .filter_map(|l| {
+            let (name, value) = l.split_once(": ")?;
+            Some((name.to_string(), value.trim().parse().ok()?))
+        })
+        .collect();
+    out.sort();
+    assert!(
+        out.iter()
+            .any(|(n, v)| n.ends_with("listener_added") && *v >= 1),
+        "no listener_added counter in:\n{stats}"
+    );
+    out
 }
 
 fn has_config(dump: &str, backend_port: u16) -> bool {
@@ -63,6 +85,7 @@ async fn aged_connections_are_replaced_without_losing_or_resending_config() {
     assert_eq!(code, 200, "no route through Envoy before any GOAWAY");
     // Let the first connection's initial exchange settle (ACKs of every type) before counting.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let churn0 = config_churn(&envoy.admin_get(CHURN_STATS).await);
     let (_, before) = relay.admin_get("/metrics").await;
     let accepted0 = metric(&before, "adsrelay_downstream_connections_accepted_total");
     let sent0 = metric(&before, "adsrelay_downstream_resources_sent_total");
@@ -98,6 +121,11 @@ async fn aged_connections_are_replaced_without_losing_or_resending_config() {
         metric(&after, "adsrelay_downstream_resources_sent_total"),
         sent0,
         "the relay resent resources Envoy already held after reconnecting:\n{after}"
+    );
+    assert_eq!(
+        config_churn(&envoy.admin_get(CHURN_STATS).await),
+        churn0,
+        "Envoy added, modified or removed listeners or clusters across the reconnects"
     );
     let (code, _) = http_get(([127, 0, 0, 1], listener_port).into(), "/").await;
     assert_eq!(code, 200, "no route through Envoy after the reconnects");
