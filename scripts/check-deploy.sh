@@ -11,8 +11,9 @@
 #   5. `promtool check rules` and `promtool test rules` (Debian `prometheus`) on
 #      deploy/prometheus/;
 #   6. the Grafana dashboard is valid JSON with a PromQL expression on every target;
-#   7. (in 3) the PrometheusRule equals deploy/prometheus/alerts.yaml, it and the ServiceMonitor
-#      carry the same `release` label, the HPA scales on connections per pod and CPU.
+#   (in 3) the PrometheusRule equals deploy/prometheus/alerts.yaml, it and the ServiceMonitor
+#      carry the same `release` label, the HPA scales on connections per pod and CPU;
+#   7. the prometheus-adapter and KEDA examples in deploy/k8s/monitoring/ serve that metric.
 # That the dashboard and alerts use only metrics the relay exports is checked against a live
 # /metrics by tests/deploy_checks.rs, which also runs this script.
 #
@@ -251,6 +252,27 @@ for p in d["panels"]:
 for b in bad:
     print(f"FAIL: dashboard: {b}", file=sys.stderr)
 print(f"   {n} queries in {len(ids)} panels")
+sys.exit(1 if bad else 0)
+PYEOF
+
+# 7. Autoscaling on connections: the prometheus-adapter rule and the KEDA alternative name the
+#    metric the HPA scales on and target the Deployment.
+step "autoscaling examples deploy/k8s/monitoring/"
+"$PY" - deploy/k8s/monitoring/prometheus-adapter-values.yaml deploy/k8s/monitoring/keda-scaledobject.yaml <<'PYEOF' || fail=1
+import sys, yaml
+adapter, keda = (yaml.safe_load(open(p)) for p in sys.argv[1:3])
+bad = []
+rules = adapter.get("rules", {}).get("custom", [])
+if not any(r.get("name", {}).get("as") == "adsrelay_downstream_connections"
+           and "adsrelay_downstream_connections" in r.get("seriesQuery", "") for r in rules):
+    bad.append("prometheus-adapter: no rule serving adsrelay_downstream_connections")
+if keda.get("kind") != "ScaledObject" or keda["spec"]["scaleTargetRef"].get("name") != "adsrelay":
+    bad.append("KEDA: ScaledObject must target the adsrelay Deployment")
+if not any("adsrelay_downstream_connections" in t.get("metadata", {}).get("query", "")
+           for t in keda["spec"]["triggers"]):
+    bad.append("KEDA: no trigger on adsrelay_downstream_connections")
+for b in bad:
+    print(f"FAIL: {b}", file=sys.stderr)
 sys.exit(1 if bad else 0)
 PYEOF
 
