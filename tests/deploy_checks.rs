@@ -434,7 +434,9 @@ fn dockerignore_model_matches_docker_semantics() {
 /// `docker build` runs first; no Docker engine runs in CI here, so the engine itself is not used.
 /// The build shares this repository's target directory (CARGO_TARGET_DIR), so dependencies are
 /// reused; only the relay library is built, so the repository's own `target/debug/adsrelay` is
-/// not replaced by this copy's.
+/// not replaced by this copy's. The context lives at a fixed path under target/ with the files'
+/// own modification times, so a re-run recompiles only what changed; git is kept from finding
+/// this repository there (GIT_CEILING_DIRECTORIES), as in a Docker build, which has no .git.
 #[test]
 fn image_build_context_is_complete() {
     let rules = dockerignore_rules(&read("deploy/Dockerfile.dockerignore"));
@@ -462,8 +464,7 @@ fn image_build_context_is_complete() {
         .expect("WORKDIR in the builder stage")
         .trim();
 
-    let context =
-        std::env::temp_dir().join(format!("adsrelay-image-context-{}", std::process::id()));
+    let context = root().join("target/image-build-context");
     let _ = std::fs::remove_dir_all(&context);
     let mut copied = Vec::new();
     for (i, stage) in stages.iter().enumerate() {
@@ -504,6 +505,14 @@ fn image_build_context_is_complete() {
                     let target = context.join(target.strip_prefix("/").unwrap_or(&target));
                     std::fs::create_dir_all(target.parent().unwrap()).unwrap();
                     std::fs::copy(root().join(&f), &target).unwrap_or_else(|e| panic!("{f}: {e}"));
+                    let mtime = std::fs::metadata(root().join(&f))
+                        .and_then(|m| m.modified())
+                        .unwrap_or_else(|e| panic!("{f}: {e}"));
+                    std::fs::File::options()
+                        .write(true)
+                        .open(&target)
+                        .and_then(|t| t.set_modified(mtime))
+                        .unwrap_or_else(|e| panic!("{f}: {e}"));
                     copied.push(f);
                 }
             }
@@ -526,9 +535,20 @@ fn image_build_context_is_complete() {
         "cargo metadata --locked fails in the image build context: {}\ncontext: {copied:?}",
         String::from_utf8_lossy(&metadata.stderr)
     );
-    let build = Command::new(&cargo)
+    let mut build = Command::new(&cargo);
+    // The variables cargo sets for this test (CARGO_MANIFEST_DIR, OUT_DIR, ...) must not reach
+    // the build: build scripts that watch them (ring's) would re-run, and the dependencies be
+    // rebuilt by this build and again by every other build in the shared target directory.
+    for (k, _) in std::env::vars()
+        .filter(|(k, _)| (k.starts_with("CARGO_") && k != "CARGO_HOME") || k == "OUT_DIR")
+    {
+        build.env_remove(k);
+    }
+    let build = build
         .args(["build", "--locked", "--lib", "-p", "adsrelay"])
         .env("CARGO_TARGET_DIR", root().join("target"))
+        .env("GIT_CEILING_DIRECTORIES", &context)
+        .env_remove("ADSRELAY_GIT_COMMIT")
         .current_dir(&src_dir)
         .output()
         .expect("run cargo build");
@@ -537,5 +557,4 @@ fn image_build_context_is_complete() {
         "cargo build --locked fails in the image build context: {}",
         String::from_utf8_lossy(&build.stderr)
     );
-    let _ = std::fs::remove_dir_all(&context);
 }
