@@ -549,12 +549,11 @@ fn route(relay: &Relay, req: &Request<Incoming>) -> Response<Full<Bytes>> {
 /// Serves the admin API on `listener` until `shutdown` completes.
 pub async fn serve(relay: Arc<Relay>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
+    // Accept errors (out of descriptors) pause this listener; they never spin it.
+    let mut acceptor = crate::accept::Acceptor::new(listener, crate::accept::Listener::Admin);
     loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => { debug!(error = %e, "admin accept failed"); continue; }
-            },
+        let stream = tokio::select! {
+            stream = acceptor.accept(&relay.metrics) => stream,
             () = &mut shutdown => return,
         };
         let relay = relay.clone();

@@ -39,3 +39,8 @@ where
         ProstDecoder::new(BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD))
     }
 }
+
+/// The decoder for requests a hand-written service reads (see `downstream::services`).
+pub fn request_decoder<U: prost::Message + Default + Send + 'static>() -> ProstDecoder<U> {
+    ProstDecoder::new(BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD))
+}

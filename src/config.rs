@@ -99,6 +99,10 @@ pub struct RelayArgs {
     /// Longest resource name, type_url or locator parameter in a request, in bytes [default: 4096]
     #[arg(long, value_name = "BYTES", env = "ADSRELAY_MAX_NAME_BYTES")]
     pub max_name_bytes: Option<usize>,
+    /// File descriptors kept free for the admin port, the upstream and snapshots: new client
+    /// connections are closed at once when fewer are free; 0 disables it [default: 64]
+    #[arg(long, value_name = "N", env = "ADSRELAY_FD_RESERVE")]
+    pub fd_reserve: Option<u64>,
     /// Sustained requests per second per stream; 0 disables the limit [default: 100]
     #[arg(long, value_name = "N", env = "ADSRELAY_MAX_REQUESTS_PER_SECOND")]
     pub max_requests_per_second: Option<u32>,
@@ -273,6 +277,7 @@ struct FileConfig {
     max_subscriptions_per_stream: Option<usize>,
     max_name_bytes: Option<usize>,
     max_requests_per_second: Option<u32>,
+    fd_reserve: Option<u64>,
     request_burst: Option<u32>,
     stuck_client_timeout: Option<String>,
     drain_period: Option<String>,
@@ -407,6 +412,9 @@ pub struct Limits {
     pub max_connection_age: Option<Duration>,
     /// How long in-flight streams may run after that GOAWAY.
     pub max_connection_age_grace: Duration,
+    /// File descriptors kept free for the admin port, upstream connections and snapshot files:
+    /// a new client connection is closed at once when fewer would remain. 0 disables it.
+    pub fd_reserve: u64,
 }
 
 impl Default for Limits {
@@ -422,6 +430,7 @@ impl Default for Limits {
             drain_period: Duration::from_secs(10),
             max_connection_age: None,
             max_connection_age_grace: Duration::from_secs(30),
+            fd_reserve: 64,
         }
     }
 }
@@ -443,6 +452,7 @@ impl Limits {
             requests_per_second: self.max_requests_per_second,
             request_burst: self.request_burst,
             stuck_timeout: self.stuck_client_timeout,
+            max_response_bytes: crate::xds::delta::DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 }
@@ -738,6 +748,9 @@ impl RelayArgs {
                     ));
                 }
                 l.max_streams_per_connection = s.value;
+            }
+            if let Some(s) = pick(self.fd_reserve, "fd-reserve", file.fd_reserve, &path) {
+                l.fd_reserve = s.value;
             }
             if let Some(s) = pick(
                 self.max_requests_per_second,

@@ -176,17 +176,27 @@ fn client_config(relay: &Relay, client: &ClientEntry, contents: bool) -> ClientC
                 vec![false; ts.waiting.len()],
             ),
         };
+        // A NACKed resource reports the version the client kept as `version_info` and the one
+        // it rejected in `error_state` (as Envoy's own CSDS does).
+        let rejected = |name: &crate::xds::Name| {
+            ts.rejected
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+        };
+        let failure = |version: String| UpdateFailureState {
+            details: ts
+                .last_nack
+                .as_ref()
+                .map(|(_, m)| m.clone())
+                .unwrap_or_default(),
+            version_info: version,
+            last_update_attempt: times.last_nack.map(Into::into),
+            failed_configuration: None,
+        };
         for ((name, version), body) in ts.resources.iter().zip(bodies) {
-            let error_state = (ack == TypeAck::Nacked).then(|| UpdateFailureState {
-                details: ts
-                    .last_nack
-                    .as_ref()
-                    .map(|(_, m)| m.clone())
-                    .unwrap_or_default(),
-                version_info: version.clone(),
-                last_update_attempt: times.last_nack.map(Into::into),
-                failed_configuration: None,
-            });
+            let error_state = (ack == TypeAck::Nacked)
+                .then(|| failure(rejected(name).unwrap_or_else(|| version.clone())));
             out.push(GenericXdsConfig {
                 type_url: ts.type_url.clone(),
                 name: name.to_string(),
@@ -200,6 +210,18 @@ fn client_config(relay: &Relay, client: &ClientEntry, contents: bool) -> ClientC
             });
         }
         for (name, absent) in ts.waiting.iter().zip(absent) {
+            if let Some(version) = rejected(name) {
+                // Rejected with nothing accepted before: the client holds no version of it.
+                out.push(GenericXdsConfig {
+                    type_url: ts.type_url.clone(),
+                    name: name.to_string(),
+                    config_status: ConfigStatus::Error as i32,
+                    client_status: ClientResourceStatus::Nacked as i32,
+                    error_state: Some(failure(version)),
+                    ..Default::default()
+                });
+                continue;
+            }
             out.push(GenericXdsConfig {
                 type_url: ts.type_url.clone(),
                 name: name.to_string(),

@@ -8,6 +8,8 @@
 //! - [`downstream`]: one task per client stream driving the core; bounded change mailboxes.
 //! - [`upstream`]: the per-group upstream Delta stream: connect, backoff, resubscribe, ACK/NACK.
 //! - [`admin`]: HTTP /healthz and /readyz.
+//! - [`accept`]: accept loops that pause on descriptor exhaustion and keep a descriptor reserve.
+//! - [`process`]: the descriptor limit (raised at startup) and `process_*` metrics.
 //! - [`snapshot`]: warm restart: the cache persisted to a local file and restored at startup.
 //! - [`grouping`]: which downstream nodes share a group, and the node presented upstream for it.
 //! - [`config`]: flags and config file -> validated [`config::Config`].
@@ -15,6 +17,7 @@
 //! - [`pb`]: generated protobuf types (proto/ is the wire contract).
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod admin;
 pub mod backoff;
 pub mod codec;
@@ -26,6 +29,7 @@ pub mod drain;
 pub mod grouping;
 pub mod metrics;
 pub mod pb;
+pub mod process;
 pub mod relay;
 pub mod snapshot;
 pub mod sync;
@@ -38,7 +42,6 @@ use std::future::Future;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::config::Config;
 use crate::relay::Relay;
@@ -75,32 +78,10 @@ pub async fn run(
             .max_connection_age(age)
             .max_connection_age_grace(relay.config.limits.max_connection_age_grace);
     }
-    // Each accepted connection is counted (adsrelay_downstream_connections) while it is open.
-    let counted = relay.clone();
-    // Past max_connections a new connection is closed at once (and counted).
-    let max_connections = relay.config.limits.max_connections;
-    let incoming =
-        tokio_stream::StreamExt::filter_map(TcpListenerStream::new(xds), move |conn| {
-            let open = counted
-                .metrics
-                .connections
-                .load(std::sync::atomic::Ordering::Relaxed);
-            match conn {
-                // Draining: new connections go to other replicas.
-                Ok(_) if counted.drain.is_draining() => None,
-                Ok(_) if open >= max_connections as i64 => {
-                    counted.metrics.connection_rejected();
-                    tracing::warn!(
-                        max_connections,
-                        "connection refused: max_connections reached"
-                    );
-                    None
-                }
-                conn => Some(conn.map(|io| {
-                    metrics::CountedIo::new(io, &counted.metrics, counted.drain.register())
-                })),
-            }
-        });
+    // Each accepted connection is counted (adsrelay_downstream_connections) while it is open;
+    // past max_connections, or when descriptors run short, a new one is closed at once (and
+    // counted); accept errors pause the listener instead of reaching tonic.
+    let incoming = accept::incoming(xds, relay.clone());
     // On shutdown: drain (not ready, refuse new work, close connections gradually), then stop
     // the server; whatever is still open after a further 5 s is abandoned.
     let (served_tx, served_rx) = tokio::sync::oneshot::channel::<()>();

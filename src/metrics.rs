@@ -36,6 +36,7 @@ pub mod name {
         "adsrelay_downstream_connections_accepted_total";
     pub const DOWNSTREAM_CONNECTIONS_REJECTED: &str =
         "adsrelay_downstream_connections_rejected_total";
+    pub const ACCEPT_ERRORS: &str = "adsrelay_accept_errors_total";
     pub const DOWNSTREAM_STREAMS: &str = "adsrelay_downstream_streams";
     pub const DOWNSTREAM_STREAMS_OPENED: &str = "adsrelay_downstream_streams_opened_total";
     pub const DOWNSTREAM_STREAMS_REJECTED: &str = "adsrelay_downstream_streams_rejected_total";
@@ -43,6 +44,7 @@ pub mod name {
     pub const DOWNSTREAM_RESPONSES: &str = "adsrelay_downstream_responses_total";
     pub const DOWNSTREAM_RESOURCES_SENT: &str = "adsrelay_downstream_resources_sent_total";
     pub const DOWNSTREAM_SENT_BYTES: &str = "adsrelay_downstream_sent_bytes_total";
+    pub const DOWNSTREAM_FRAMES: &str = "adsrelay_downstream_frames_total";
     pub const DOWNSTREAM_ACKS: &str = "adsrelay_downstream_acks_total";
     pub const DOWNSTREAM_NACKS: &str = "adsrelay_downstream_nacks_total";
     pub const FANOUT_LATENCY: &str = "adsrelay_fanout_latency_seconds";
@@ -71,6 +73,7 @@ pub mod name {
     pub const DRIFT_REPAIRS: &str = "adsrelay_drift_repairs_total";
     pub const UPSTREAM_RESYNCS: &str = "adsrelay_upstream_resyncs_total";
     pub const UPSTREAM_FAILOVERS: &str = "adsrelay_upstream_failovers_total";
+    pub const UPSTREAM_WILDCARD_UNANSWERED: &str = "adsrelay_upstream_wildcard_unanswered_total";
     pub const RUNTIME_ALIVE_TASKS: &str = "adsrelay_runtime_alive_tasks";
     pub const SNAPSHOT_LOADED_RESOURCES: &str = "adsrelay_snapshot_loaded_resources";
     pub const SNAPSHOT_AGE: &str = "adsrelay_snapshot_age_seconds";
@@ -102,7 +105,11 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     ),
     (
         name::DOWNSTREAM_CONNECTIONS_REJECTED,
-        "Downstream TCP connections closed at once because max_connections were already open.",
+        "Downstream TCP connections closed at once because max_connections were already open or fewer than fd_reserve file descriptors would remain free.",
+    ),
+    (
+        name::ACCEPT_ERRORS,
+        "Failed accepts, by listener (xds, admin) and reason (emfile, enfile, enobufs, connection, other); each descriptor or memory error pauses that listener for 10 ms doubling to 1 s.",
     ),
     (
         name::DOWNSTREAM_SUBSCRIPTIONS,
@@ -111,6 +118,7 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (name::DOWNSTREAM_RESPONSES, "xDS responses written to downstream clients, by type and protocol."),
     (name::DOWNSTREAM_RESOURCES_SENT, "Resources (and Delta removals) written to downstream clients, by type."),
     (name::DOWNSTREAM_SENT_BYTES, "Encoded size of the xDS responses written to downstream clients, by type."),
+    (name::DOWNSTREAM_FRAMES, "Responses written to downstream clients by origin: shared (the same encoded frame another stream received) or encoded (framed for this stream)."),
     (name::DOWNSTREAM_ACKS, "Responses downstream clients accepted (ACK), by type."),
     (name::DOWNSTREAM_NACKS, "Responses downstream clients rejected (NACK), by type."),
     (
@@ -182,6 +190,10 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         name::UPSTREAM_FAILOVERS,
         "Upstream connection attempts moved to another control-plane address after a failure, by group.",
+    ),
+    (
+        name::UPSTREAM_WILDCARD_UNANSWERED,
+        "Wildcard subscriptions added to a running upstream stream that the control plane left unanswered (it need not answer them) for 2s, after which wildcard clients were served from the cache, by group.",
     ),
     (
         name::SNAPSHOT_LOADED_RESOURCES,
@@ -322,6 +334,7 @@ pub struct GroupScrape {
     /// The control-plane address the group uses (or tries) now.
     pub upstream: String,
     pub unsubscribed: UnsubscribedScrape,
+    pub wildcards_unanswered: u64,
 }
 
 /// One group's unsubscribed set, as exported.
@@ -348,8 +361,11 @@ pub struct Metrics {
     rejected: [Counter; Rejection::ALL.len()],
     connections_rejected: Counter,
     connections_accepted: Counter,
+    accept_errors: [[Counter; crate::accept::AcceptError::ALL.len()]; 2],
     tls_handshake_failures: [Counter; crate::tls::HandshakeFailure::ALL.len()],
     tls_reloads: [Counter; 2],
+    /// Responses by origin: [shared, encoded].
+    frames: [Counter; 2],
     fanout: Histogram,
     /// Open downstream connections (kept by [`CountedIo`]).
     pub connections: Arc<AtomicI64>,
@@ -381,12 +397,10 @@ impl Metrics {
         for (n, help) in DESCRIPTIONS {
             let key = KeyName::from_const_str(n);
             let help = SharedString::const_str(help);
-            if n.ends_with("_total") {
-                recorder.describe_counter(key, None, help);
-            } else if *n == name::FANOUT_LATENCY {
-                recorder.describe_histogram(key, None, help);
-            } else {
-                recorder.describe_gauge(key, None, help);
+            match kind(n) {
+                "counter" => recorder.describe_counter(key, None, help),
+                "histogram" => recorder.describe_histogram(key, None, help),
+                _ => recorder.describe_gauge(key, None, help),
             }
         }
         let handle = recorder.handle();
@@ -404,6 +418,17 @@ impl Metrics {
         });
         let connections_accepted = counter(name::DOWNSTREAM_CONNECTIONS_ACCEPTED, vec![]);
         let connections_rejected = counter(name::DOWNSTREAM_CONNECTIONS_REJECTED, vec![]);
+        let accept_errors = crate::accept::Listener::ALL.map(|l| {
+            crate::accept::AcceptError::ALL.map(|e| {
+                counter(
+                    name::ACCEPT_ERRORS,
+                    vec![
+                        Label::new("listener", l.label()),
+                        Label::new("reason", e.label()),
+                    ],
+                )
+            })
+        });
         let tls_handshake_failures = crate::tls::HandshakeFailure::ALL.map(|f| {
             counter(
                 name::TLS_HANDSHAKE_FAILURES,
@@ -412,7 +437,18 @@ impl Metrics {
         });
         let tls_reloads = ["applied", "failed"]
             .map(|r| counter(name::TLS_CERTIFICATE_RELOADS, vec![Label::new("result", r)]));
+        let frames = ["shared", "encoded"]
+            .map(|o| counter(name::DOWNSTREAM_FRAMES, vec![Label::new("origin", o)]));
         let fanout = recorder.register_histogram(&Key::from_name(name::FANOUT_LATENCY), &METADATA);
+        // Unlabelled families and those with a fixed label set exist from startup, at zero, so
+        // dashboards and alerts have series before the first event. Families labelled by group,
+        // type or upstream get their HELP/TYPE lines from `render` until a first series exists.
+        for n in [name::SNAPSHOT_WRITES, name::SNAPSHOT_WRITE_FAILURES] {
+            counter(n, vec![]).increment(0);
+        }
+        for reason in crate::snapshot::Rejection::REASONS {
+            counter(name::SNAPSHOT_REJECTED, vec![Label::new("reason", reason)]).increment(0);
+        }
         recorder
             .register_gauge(
                 &Key::from_parts(
@@ -434,8 +470,10 @@ impl Metrics {
             rejected,
             connections_rejected,
             connections_accepted,
+            accept_errors,
             tls_handshake_failures,
             tls_reloads,
+            frames,
             fanout,
             connections: Arc::new(AtomicI64::new(0)),
             seen_gauges: Mutex::new(HashSet::new()),
@@ -498,6 +536,14 @@ impl Metrics {
         self.connections_rejected.increment(1);
     }
 
+    pub fn accept_error(
+        &self,
+        listener: crate::accept::Listener,
+        reason: crate::accept::AcceptError,
+    ) {
+        self.accept_errors[listener as usize][reason as usize].increment(1);
+    }
+
     pub fn tls_handshake_failed(&self, reason: crate::tls::HandshakeFailure) {
         self.tls_handshake_failures[reason as usize].increment(1);
     }
@@ -510,7 +556,15 @@ impl Metrics {
         self.connections_accepted.increment(1);
     }
 
-    pub fn response_sent(&self, protocol: &str, type_url: &str, resources: usize, bytes: usize) {
+    pub fn response_sent(
+        &self,
+        protocol: &str,
+        type_url: &str,
+        resources: usize,
+        bytes: usize,
+        shared: bool,
+    ) {
+        self.frames[usize::from(!shared)].increment(1);
         let c = self.per_type(type_url);
         c.responses[protocol_index(protocol)].increment(1);
         c.resources_sent.increment(resources as u64);
@@ -683,6 +737,11 @@ impl Metrics {
             self.counter_absolute(name::DRIFT_REPAIRS, group(), g.drift_repairs);
             self.counter_absolute(name::UPSTREAM_RESYNCS, group(), g.resyncs);
             self.counter_absolute(name::UPSTREAM_FAILOVERS, group(), g.failovers);
+            self.counter_absolute(
+                name::UPSTREAM_WILDCARD_UNANSWERED,
+                group(),
+                g.wildcards_unanswered,
+            );
             let u = &g.unsubscribed;
             for (n, v) in [
                 (name::UNSUBSCRIBED_CACHE_BUDGET, u.budget),
@@ -721,8 +780,43 @@ impl Metrics {
         for (n, labels) in previous.difference(&current) {
             self.gauge_handle(n, labels).set(0.0);
         }
-        self.handle.render()
+        let mut text = with_every_family(self.handle.render());
+        text.push_str(&crate::process::render());
+        text
     }
+}
+
+/// The Prometheus type of a described family.
+fn kind(n: &str) -> &'static str {
+    if n.ends_with("_total") {
+        "counter"
+    } else if n == name::FANOUT_LATENCY {
+        "histogram"
+    } else {
+        "gauge"
+    }
+}
+
+/// Appends `# HELP` and `# TYPE` for every described family the exporter left out: it renders
+/// only families with a series, and a family labelled by group or type has none before its
+/// first group or type. Metadata without samples is valid exposition; Prometheus then knows
+/// the family, and `absent()`-style alerts can tell "no data yet" from "not exported".
+fn with_every_family(mut text: String) -> String {
+    let present: HashSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+        .collect();
+    let missing: Vec<&(&str, &str)> = DESCRIPTIONS
+        .iter()
+        .filter(|(n, _)| !present.contains(n))
+        .collect();
+    for (n, help) in missing {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&format!("# HELP {n} {help}\n# TYPE {n} {}\n", kind(n)));
+    }
+    text
 }
 
 /// A downstream connection, counted in [`Metrics::connections`] while it is open.
@@ -824,10 +918,20 @@ mod tests {
     }
 
     #[test]
+    fn every_family_is_exported_before_any_event() {
+        let out = Metrics::new().render(ScrapeState::default());
+        for (n, _) in DESCRIPTIONS {
+            let header = format!("# TYPE {n} {}\n", kind(n));
+            assert_eq!(out.matches(&header).count(), 1, "{n} in:\n{out}");
+        }
+        assert!(out.contains("adsrelay_snapshot_rejected_total{reason=\"corrupt\"} 0"));
+    }
+
+    #[test]
     fn type_labels_are_capped() {
         let m = Metrics::new();
         for i in 0..MAX_TYPE_LABELS + 10 {
-            m.response_sent("delta", &format!("t{i}"), 1, 10);
+            m.response_sent("delta", &format!("t{i}"), 1, 10, false);
         }
         let out = m.render(ScrapeState::default());
         assert!(out.contains("type_url=\"other\""));

@@ -193,10 +193,17 @@ impl Relay {
                     state.interest.refetch_fallbacks,
                     state.store.ttl_expired,
                     unsubscribed,
+                    state.interest.wildcards_unanswered,
                 )
             };
-            let (subscriptions, refetches, refetch_fallbacks, ttl_expired, unsubscribed) =
-                subscriptions;
+            let (
+                subscriptions,
+                refetches,
+                refetch_fallbacks,
+                ttl_expired,
+                unsubscribed,
+                wildcards_unanswered,
+            ) = subscriptions;
             let status = lock(&g.status).clone();
             s.groups.push(GroupScrape {
                 group: g.name.clone(),
@@ -215,6 +222,7 @@ impl Relay {
                 failovers: status.failovers,
                 upstream: status.upstream.clone().unwrap_or_default(),
                 unsubscribed,
+                wildcards_unanswered,
             });
         }
         self.metrics.render(s)
@@ -449,9 +457,10 @@ impl StreamHost for Relay {
                 resources,
                 bytes,
                 received_at,
+                shared,
             } => {
                 self.metrics
-                    .response_sent(protocol, type_url, resources, bytes);
+                    .response_sent(protocol, type_url, resources, bytes, shared);
                 if let Some(at) = received_at {
                     self.metrics.fanout_latency(at);
                 }

@@ -72,6 +72,16 @@ pub enum Rejection {
 
 impl Rejection {
     /// The `reason` label of `adsrelay_snapshot_rejected_total`.
+    /// Every value [`Rejection::reason`] returns, to export each at zero from startup.
+    pub const REASONS: [&'static str; 6] = [
+        "unreadable",
+        "not_a_snapshot",
+        "unsupported_version",
+        "corrupt",
+        "foreign",
+        "too_old",
+    ];
+
     pub fn reason(&self) -> &'static str {
         match self {
             Rejection::Unreadable(_) => "unreadable",

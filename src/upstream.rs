@@ -129,7 +129,13 @@ pub async fn housekeeping(group: Arc<Group>, mut shutdown: watch::Receiver<bool>
         }
         let expired = lock(&group.state).expire(Instant::now());
         for (changes, affected) in expired {
-            debug!(type_url = %changes.type_url, names = ?changes.names, "TTL expired");
+            if changes.wildcard_synced_now {
+                warn!(type_url = %changes.type_url, wait = ?crate::xds::interest::WILDCARD_WAIT,
+                    "upstream left a wildcard subscription added mid-stream unanswered; serving \
+                     the cache to wildcard subscribers (not authoritative for removals)");
+            } else {
+                debug!(type_url = %changes.type_url, names = ?changes.names, "TTL expired");
+            }
             group.publish(changes, affected);
         }
         group.upstream_wake.notify_one();
@@ -306,6 +312,12 @@ async fn session(
             () = sleep_until_opt(resync_at) => return Err(SessionError::Resync),
             () = group.upstream_wake.notified() => {
                 send_interest_changes(group, node, &tx).await?;
+                if lock(&group.state).take_resync() {
+                    // A wildcard taken again after it lapsed got no answer: the server may hold
+                    // names as sent that the cache forgot. A new stream resends them (C4).
+                    warn!("re-establishing the upstream stream: a wildcard taken again after it lapsed was not answered");
+                    return Err(SessionError::Resync);
+                }
             }
         }
     }
@@ -323,7 +335,13 @@ async fn send_interest_changes(
     node: &Node,
     tx: &mpsc::Sender<DeltaDiscoveryRequest>,
 ) -> Result<(), SessionError> {
-    let changes = lock(&group.state).take_upstream_changes();
+    let changes = {
+        let mut state = lock(&group.state);
+        let changes = state.take_upstream_changes();
+        // A "*" sent now that the upstream need not answer is waited for from now on.
+        state.interest.arm_wildcard_waits(Instant::now());
+        changes
+    };
     for c in changes {
         debug!(type_url = %c.type_url, subscribe = ?c.subscribe, unsubscribe = ?c.unsubscribe,
             "upstream subscription change");

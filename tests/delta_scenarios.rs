@@ -1296,3 +1296,116 @@ fn d09_wildcard_sync_not_inferred_from_answer_to_earlier_explicit_subscribe() {
         .collect();
     assert_eq!(removed, BTreeSet::from(["b".to_string()]));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 13: after a NACK the relay's record of what the client holds is what it held before
+// ---------------------------------------------------------------------------------------------
+
+/// The record the relay keeps (what CSDS and /debug/clients report) for `name`.
+fn held(client: &Client, type_url: &str, name: &str) -> Option<String> {
+    client
+        .stream
+        .known_version(type_url, name)
+        .map(str::to_string)
+}
+
+#[test]
+fn a31_nack_restores_the_held_version_and_a7_still_resends() {
+    let mut store = Store::new();
+    upstream(&mut store, EDS, &[("foo", "v1"), ("bar", "v1")], &[], false);
+    let mut client = Client::new();
+    client.send(req(EDS).sub(&["foo", "bar"]));
+    let r = client.one(&store);
+    client.send(req(EDS).ack(&r.nonce));
+    let changes = upstream(&mut store, EDS, &[("foo", "v2")], &[], false);
+    client.notify(&changes);
+    let r = client.one(&store);
+    client.send(req(EDS).nack(&r.nonce, "bad foo"));
+    assert_eq!(held(&client, EDS, "foo").as_deref(), Some("v1"));
+    assert_eq!(held(&client, EDS, "bar").as_deref(), Some("v1"));
+    let snap = client.stream.snapshot(true);
+    assert_eq!(
+        snap[0].resources,
+        vec![("bar".into(), "v1".into()), ("foo".into(), "v1".into())]
+    );
+    assert_eq!(snap[0].rejected, vec![("foo".into(), "v2".into())]);
+
+    // A7: a re-subscribe resends the current version; accepted, it is held.
+    client.send(req(EDS).sub(&["foo"]));
+    let r = client.one(&store);
+    assert_eq!(r.versions(), map(&[("foo", "v2")]));
+    client.send(req(EDS).ack(&r.nonce));
+    assert_eq!(held(&client, EDS, "foo").as_deref(), Some("v2"));
+    assert!(client.stream.snapshot(true)[0].rejected.is_empty());
+}
+
+#[test]
+fn a12_nacked_removal_keeps_the_resource_held() {
+    let mut store = Store::new();
+    upstream(&mut store, EDS, &[("foo", "v1")], &[], false);
+    let mut client = Client::new();
+    client.send(req(EDS).sub(&["foo"]));
+    let r = client.one(&store);
+    client.send(req(EDS).ack(&r.nonce));
+    let changes = upstream(&mut store, EDS, &[], &["foo"], false);
+    client.notify(&changes);
+    let r = client.one(&store);
+    assert_eq!(r.removed(), set(&["foo"]));
+    client.send(req(EDS).nack(&r.nonce, "no"));
+    assert_eq!(held(&client, EDS, "foo").as_deref(), Some("v1"));
+    // Not repeated while nothing changes (A31); a new version is sent.
+    client.stream.mark_all_pending(EDS);
+    client.none(&store);
+    let changes = upstream(&mut store, EDS, &[("foo", "v3")], &[], false);
+    client.notify(&changes);
+    assert_eq!(client.one(&store).versions(), map(&[("foo", "v3")]));
+}
+
+#[test]
+fn a17_nack_of_an_earlier_response_in_flight_restores_only_its_names() {
+    let mut store = Store::new();
+    upstream(&mut store, EDS, &[("a", "1"), ("b", "1")], &[], false);
+    let mut client = Client::new();
+    client.send(req(EDS).sub(&["a", "b"]));
+    let r = client.one(&store);
+    client.send(req(EDS).ack(&r.nonce));
+    // Two responses in flight: a@2 then b@2.
+    let changes = upstream(&mut store, EDS, &[("a", "2")], &[], false);
+    client.notify(&changes);
+    let first = client.one(&store);
+    let changes = upstream(&mut store, EDS, &[("b", "2")], &[], false);
+    client.notify(&changes);
+    let second = client.one(&store);
+    assert_eq!(second.versions(), map(&[("b", "2")]));
+    // The client rejects the first and accepts the second, in order.
+    client.send(req(EDS).nack(&first.nonce, "bad a"));
+    client.send(req(EDS).ack(&second.nonce));
+    assert_eq!(held(&client, EDS, "a").as_deref(), Some("1"));
+    assert_eq!(held(&client, EDS, "b").as_deref(), Some("2"));
+}
+
+#[test]
+fn a11_record_after_nack_matches_the_reconnect_irv() {
+    // What the relay records after a NACK is what the client would report on reconnect.
+    let mut store = Store::new();
+    upstream(&mut store, EDS, &[("foo", "v1")], &[], false);
+    let mut client = Client::new();
+    client.send(req(EDS).sub(&["foo"]));
+    let r = client.one(&store);
+    client.send(req(EDS).ack(&r.nonce));
+    let changes = upstream(&mut store, EDS, &[("foo", "v2")], &[], false);
+    client.notify(&changes);
+    let r = client.one(&store);
+    client.send(req(EDS).nack(&r.nonce, "bad"));
+
+    let mut reconnected = Client::new();
+    reconnected.send(req(EDS).sub(&["foo"]).irv(&[("foo", "v1")]));
+    assert_eq!(
+        client.stream.snapshot(true)[0].resources,
+        reconnected.stream.snapshot(true)[0].resources
+    );
+    // The new stream sends v2 (A11: changed); the old one does not repeat it (A31).
+    assert_eq!(reconnected.one(&store).versions(), map(&[("foo", "v2")]));
+    client.stream.mark_all_pending(EDS);
+    client.none(&store);
+}

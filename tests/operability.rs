@@ -317,6 +317,10 @@ async fn admin_and_csds_report_acked_and_nacked_clients() {
         if c["node_id"] == "envoy-bad" {
             assert_eq!(t["state"], "nacked");
             assert_eq!(t["subscriptions"], 2);
+            assert_eq!(
+                t["resources"], 0,
+                "it rejected the only response: holds nothing"
+            );
             assert_eq!(t["last_nack"]["error"], "cluster c2: invalid lb_policy");
             assert_rfc3339_now(&t["last_nack"]["at"]);
             assert!(t["last_ack"].is_null());
@@ -395,11 +399,14 @@ async fn admin_and_csds_report_acked_and_nacked_clients() {
         if id == "envoy-bad" {
             assert_eq!(xds.len(), 2);
             for (x, (name, version)) in xds.iter().zip([("c1", "1"), ("c2", "7")]) {
-                assert_eq!((x.name.as_str(), x.version_info.as_str()), (name, version));
+                // It rejected its first response: it holds no version; the rejected one is in
+                // error_state.
+                assert_eq!((x.name.as_str(), x.version_info.as_str()), (name, ""));
                 assert_eq!(x.type_url, CDS);
                 assert_eq!(x.client_status, ClientResourceStatus::Nacked as i32);
                 assert_eq!(x.config_status, ConfigStatus::Error as i32);
                 let err = x.error_state.as_ref().expect("error_state");
+                assert_eq!(err.version_info, version);
                 assert_eq!(err.details, "cluster c2: invalid lb_policy");
                 assert!(err.last_update_attempt.is_some());
             }
@@ -501,5 +508,66 @@ fn assert_rfc3339_now(v: &serde_json::Value) {
     assert!(
         s.len() == 24 && s.ends_with('Z') && recent,
         "{s} is not an RFC 3339 time of the last minute"
+    );
+}
+
+/// Issue 13: an idle relay (no client, upstream down) lists every adsrelay_ family, so
+/// dashboards and alerts have them before the first client; promtool accepts the exposition.
+#[tokio::test]
+async fn every_family_is_listed_from_startup() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let relay = RelayUnderTest::start(addr, Duration::from_secs(30)).await;
+    let text = metrics(&relay).await;
+    let missing: Vec<&str> = adsrelay::metrics::DESCRIPTIONS
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(|n| !text.contains(&format!("# TYPE {n} ")))
+        .collect();
+    assert!(missing.is_empty(), "missing {missing:?} in:\n{text}");
+    for series in [
+        "adsrelay_downstream_connections_rejected_total",
+        "adsrelay_snapshot_write_failures_total",
+        "adsrelay_downstream_streams_rejected_total{reason=\"rate_limited\"}",
+        "adsrelay_accept_errors_total{listener=\"xds\",reason=\"emfile\"}",
+    ] {
+        assert_eq!(sample(&text, series), Some(0.0), "{series} in:\n{text}");
+    }
+    // Process metrics under their conventional names.
+    for series in [
+        "process_open_fds",
+        "process_max_fds",
+        "process_resident_memory_bytes",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            sample(&text, series).is_some_and(|v| v > 0.0),
+            "{series} in:\n{text}"
+        );
+    }
+    let Some(promtool) = tool("promtool") else {
+        return;
+    };
+    let mut check = tokio::process::Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .await
+        .unwrap();
+    let out = check.wait_with_output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -1161,3 +1161,80 @@ fn d08_independent_streams_same_content_same_version() {
     c3.notify(&changes);
     assert_eq!(&c3.one(&replica3).version, cds1);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 13: after a NACK the client keeps its previous state, and so does the relay's record
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn b07_version_info_after_nack_describes_the_state_the_client_kept() {
+    let mut store = Store::new();
+    upstream(&mut store, EDS, &[("x", "1"), ("y", "1")], &[], false);
+    let mut accepts = Client::new();
+    let mut rejects = Client::new();
+    for c in [&mut accepts, &mut rejects] {
+        c.send(req(EDS).names(&["x", "y"]));
+        let r = c.one(&store);
+        c.send(req(EDS).names(&["x", "y"]).ack(&r.version, &r.nonce));
+    }
+    let changes = upstream(&mut store, EDS, &[("x", "2")], &[], false);
+    accepts.notify(&changes);
+    rejects.notify(&changes);
+    let a = accepts.one(&store);
+    accepts.send(req(EDS).names(&["x", "y"]).ack(&a.version, &a.nonce));
+    let r = rejects.one(&store);
+    let kept = r.version.clone();
+    rejects.send(req(EDS).names(&["x", "y"]).nack("", &r.nonce, "bad x"));
+    assert_eq!(
+        rejects.stream.snapshot(true)[0].resources,
+        vec![("x".into(), "1".into()), ("y".into(), "1".into())]
+    );
+
+    let changes = upstream(&mut store, EDS, &[("y", "2")], &[], false);
+    accepts.notify(&changes);
+    rejects.notify(&changes);
+    let a = accepts.one(&store);
+    let r = rejects.one(&store);
+    assert_eq!(
+        r.versions(),
+        map(&[("y", "2")]),
+        "x@2 is not repeated (A31)"
+    );
+    // One holds x@2, the other x@1: their versions must differ (B7, D8).
+    assert_ne!(a.version, r.version);
+    assert_ne!(r.version, kept);
+}
+
+#[test]
+fn b07_full_state_nack_keeps_the_previous_state_on_record() {
+    let mut store = synced_store(CDS, &[("c1", "1"), ("c2", "1")]);
+    let mut client = Client::new();
+    client.send(req(CDS));
+    let r1 = client.one(&store);
+    client.send(req(CDS).ack(&r1.version, &r1.nonce));
+    let changes = upstream(&mut store, CDS, &[("c1", "2")], &[], true);
+    client.notify(&changes);
+    let r2 = client.one(&store);
+    client.send(req(CDS).nack(&r1.version, &r2.nonce, "bad c1"));
+    let snap = client.stream.snapshot(true);
+    assert_eq!(
+        snap[0].resources,
+        vec![("c1".into(), "1".into()), ("c2".into(), "1".into())]
+    );
+    assert_eq!(snap[0].rejected, vec![("c1".into(), "2".into())]);
+
+    // The upstream rolls c1 back: the client already holds exactly that, nothing to send.
+    let changes = upstream(&mut store, CDS, &[("c1", "1")], &[], true);
+    client.notify(&changes);
+    client.none(&store);
+
+    // A real change is sent as the full state, with the version_info of a client that accepted
+    // it from the start.
+    let changes = upstream(&mut store, CDS, &[("c2", "2")], &[], true);
+    client.notify(&changes);
+    let r3 = client.one(&store);
+    assert_eq!(r3.versions(), map(&[("c1", "1"), ("c2", "2")]));
+    let mut fresh = Client::new();
+    fresh.send(req(CDS));
+    assert_eq!(fresh.one(&store).version, r3.version);
+}

@@ -145,6 +145,13 @@ fn a23_d07_heartbeat_refreshes_ttl_and_goes_only_to_holders_of_that_version() {
         })
     );
 
+    // The client that rejected v7 still holds v6: no heartbeat for v7, and no v7 again (A31).
+    behind.on_change(&c);
+    assert!(
+        drain(&mut behind, &g).is_empty(),
+        "a heartbeat for a version the client NACKed"
+    );
+
     // The old deadline (t0+30s) no longer applies: the heartbeat moved it to t0+80s.
     assert!(g.expire(t0 + Duration::from_secs(31)).is_empty());
     // A new subscriber gets the full resource with the refreshed TTL.

@@ -3,7 +3,9 @@
 //!
 //! - response building: one client's response to a one-resource update, and a full initial state;
 //! - variant selection: one subscriber's variant among 100 parameter sets;
-//! - cache ingest: applying an upstream response of 100 resources of 1 KiB.
+//! - cache ingest: applying an upstream response of 100 resources of 1 KiB;
+//! - fan-out: one change to 10,000 Delta or SotW subscribers, shared frames against encoding per
+//!   client (no sockets: regressions in the per-client work show without a 10,000-client run).
 
 use adsrelay::pb::discovery::dynamic_parameter_constraints::single_constraint::ConstraintType;
 use adsrelay::pb::discovery::dynamic_parameter_constraints::{SingleConstraint, Type};
@@ -238,5 +240,86 @@ fn variant_fanout_10k_subscribers_100_param_sets(bencher: Bencher) {
         }
         assert_eq!(sent, 10_000);
         black_box(sent)
+    });
+}
+
+/// The fan-out of one 1 KiB change to 10,000 Delta subscribers, as the stream tasks do it: fold
+/// the change in, build the response and take its frame (shared after the first), no sockets.
+/// Beside it, the same with a per-client encode (what a control plane that encodes per client
+/// does). Divide by 10,000 for per-client figures.
+#[divan::bench(args = ["shared_frame", "encode_per_client"], sample_count = 10)]
+fn fanout_one_change_10k_delta(bencher: Bencher, how: &str) {
+    let mut store = store_with(100);
+    let mut clients: Vec<DeltaStream> = (0..10_000)
+        .map(|_| {
+            let mut c = synced_client(&store);
+            while c.next_frame(&store).is_some() {}
+            c
+        })
+        .collect();
+    let mut version = 1u64;
+    bencher.bench_local(|| {
+        version += 1;
+        let changes = store
+            .apply_delta(
+                CDS,
+                vec![resource("c7", &version.to_string(), 1024)],
+                vec![],
+                true,
+            )
+            .unwrap();
+        let mut bytes = 0;
+        for c in clients.iter_mut() {
+            c.on_change(&changes);
+            bytes += if how == "shared_frame" {
+                c.next_frame(&store).map_or(0, |o| o.frame.bytes.len())
+            } else {
+                c.next_response(&store)
+                    .map_or(0, |r| r.encode_to_vec().len())
+            };
+        }
+        black_box(bytes)
+    });
+}
+
+/// One Cluster change to 10,000 wildcard SotW clients holding 100 Clusters of 1 KiB (100 KiB of
+/// full state each): every client is due the same full state, framed once.
+#[divan::bench(args = ["shared_frame", "encode_per_client"], sample_count = 5)]
+fn fanout_one_change_10k_sotw_full_state_100(bencher: Bencher, how: &str) {
+    let mut store = store_with(100);
+    let mut clients: Vec<SotwStream> = (0..10_000)
+        .map(|_| {
+            let mut c = SotwStream::new(false);
+            c.on_request(&DiscoveryRequest {
+                type_url: CDS.into(),
+                ..Default::default()
+            })
+            .unwrap();
+            while c.next_frame(&store).is_some() {}
+            c
+        })
+        .collect();
+    let mut version = 1u64;
+    bencher.bench_local(|| {
+        version += 1;
+        let changes = store
+            .apply_delta(
+                CDS,
+                vec![resource("c7", &version.to_string(), 1024)],
+                vec![],
+                true,
+            )
+            .unwrap();
+        let mut bytes = 0;
+        for c in clients.iter_mut() {
+            c.on_change(&changes);
+            bytes += if how == "shared_frame" {
+                c.next_frame(&store).map_or(0, |o| o.frame.bytes.len())
+            } else {
+                c.next_response(&store)
+                    .map_or(0, |r| r.encode_to_vec().len())
+            };
+        }
+        black_box(bytes)
     });
 }

@@ -18,8 +18,8 @@ pub enum ChurnKind {
     Reconnect,
 }
 
-/// Load generator for adsrelay: N simulated Delta xDS clients against the relay (and, with
-/// --compare, straight against the control plane and against a raw HTTP/2 floor).
+/// Load generator for adsrelay: N simulated xDS clients against the relay (and, with --compare,
+/// against a plain tonic control plane and against the pre-framed floor, side by side).
 #[derive(Debug, Clone, Parser, Serialize)]
 #[command(name = "loadgen", version)]
 pub struct Args {
@@ -74,12 +74,13 @@ pub struct Args {
     pub hold_secs: u64,
     /// After the updates (and --hold-secs): every client drops its stream and reconnects at once
     /// (Delta: with initial_resource_versions); reports the time until all are synced again and
-    /// the upstream requests seen meanwhile (relay and direct only).
+    /// the requests the control plane saw meanwhile (relay: its upstream; baselines: themselves;
+    /// not the Delta floor, which ignores initial versions).
     #[arg(long)]
     pub storm: bool,
-    /// Extra clients (relay and direct) that subscribe like the others after they synced, then
-    /// never read a response, for the whole phase; the report shows whether the normal clients'
-    /// update latency and the relay's RSS notice.
+    /// Extra clients (every target but the floor) that subscribe like the others after they
+    /// synced, then never read a response, for the whole phase; the report shows whether the
+    /// normal clients' update latency and the server's RSS notice.
     #[arg(long, default_value_t = 0)]
     pub stuck_clients: u32,
     /// Soak (relay target): after everything else, this many extra short-lived clients each
@@ -90,9 +91,20 @@ pub struct Args {
     /// Soak cycles running at once.
     #[arg(long, default_value_t = 64)]
     pub soak_concurrency: usize,
-    /// Also run the same clients straight against the control plane, and against the raw floor.
+    /// Also run the same clients against `plain` (a minimal tonic control plane, the baseline a
+    /// user would pick instead of the relay) and `floor` (pre-framed bytes, same HTTP/2 stack).
     #[arg(long)]
     pub compare: bool,
+    /// With --compare, also run `demo`: the project's demo control plane (the relay's state
+    /// machines over a complete store).
+    #[arg(long)]
+    pub with_demo: bool,
+    /// Internal: serve this baseline in a child process (loadgen starts these itself).
+    #[arg(long, hide = true, value_enum)]
+    pub serve: Option<crate::server_proc::Baseline>,
+    /// Internal: the workload the --serve child serves, as JSON.
+    #[arg(long, hide = true)]
+    pub serve_workload: Option<String>,
     /// The adsrelay binary to start (default: `adsrelay` next to loadgen, else target/release/adsrelay).
     #[arg(long)]
     pub relay_bin: Option<PathBuf>,
@@ -172,6 +184,9 @@ impl Args {
                     }
                 }
             }
+        }
+        if self.with_demo && !self.compare {
+            return Err("--with-demo needs --compare".into());
         }
         if self.relay_addr.is_some() && self.relay_bin.is_some() {
             return Err("--relay-addr (attach) and --relay-bin (start) exclude each other".into());

@@ -330,6 +330,7 @@ pub async fn run_delta(
         let (tx, rx) = mpsc::channel(16);
         for req in delta_opening(&state, node(&ctx, id)) {
             let _ = tx.try_send(req);
+            ctx.requests.fetch_add(1, Ordering::Relaxed);
         }
         let mut grpc = tonic::client::Grpc::new(channel.clone())
             .max_decoding_message_size(256 << 20)
@@ -378,6 +379,7 @@ pub async fn run_delta(
                         ctx.responses.fetch_add(1, Ordering::Relaxed);
                         ctx.resources_received.fetch_add(n as u64, Ordering::Relaxed);
                         let _ = tx.send(ack(&r)).await;
+                        ctx.requests.fetch_add(1, Ordering::Relaxed);
                         state.check(&ctx);
                         if storm_pending && state.complete() {
                             ctx.mark_resynced();
@@ -486,6 +488,7 @@ pub async fn run_sotw(ctx: Arc<RunCtx>, id: u32, channel: Channel, mut ctrl: mps
                 String::new(),
                 String::new(),
             ));
+            ctx.requests.fetch_add(1, Ordering::Relaxed);
         }
         let mut ads = AggregatedDiscoveryServiceClient::new(channel.clone())
             .max_decoding_message_size(256 << 20)
@@ -530,6 +533,7 @@ pub async fn run_sotw(ctx: Arc<RunCtx>, id: u32, channel: Channel, mut ctrl: mps
                         let _ = tx
                             .send(sotw_request(&state, kind, None, r.version_info, r.nonce))
                             .await;
+                        ctx.requests.fetch_add(1, Ordering::Relaxed);
                         state.check(&ctx);
                         if storm_pending && seen.iter().all(|&s| s) && state.complete() {
                             ctx.mark_resynced();

@@ -53,6 +53,8 @@ pub struct RunCtx {
     /// Per client: its current EDS subscriptions (changed by churn).
     pub eds_subs: Vec<Mutex<Vec<u32>>>,
     pub responses: AtomicU64,
+    /// Requests the clients sent (stream openings and ACKs; not churn).
+    pub requests: AtomicU64,
     pub resources_received: AtomicU64,
     pub errors: AtomicU64,
     pub reconnects: AtomicU64,
@@ -83,6 +85,7 @@ impl RunCtx {
             synced: AtomicUsize::new(0),
             connected: AtomicUsize::new(0),
             responses: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
             resources_received: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),

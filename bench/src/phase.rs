@@ -1,5 +1,6 @@
-//! One phase of a run: a target (the relay, the control plane directly, or the raw floor), its
-//! upstream, N clients connected in milestones, the updates, and the figures.
+//! One phase of a run: a target (the relay, or a baseline: the plain control plane, the floor, the
+//! demo control plane), its upstream, N clients connected in milestones, the updates, and the
+//! figures.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -17,29 +18,28 @@ use adsrelay::demo::ControlPlane;
 
 use crate::cli::{Args, ChurnKind};
 use crate::client::{self, Ctrl, Protocol};
-use crate::floor::{self, FloorServer};
 use crate::measure::{self, cdf, new_histogram, Dist, RunCtx, UpdateResult};
 use crate::procfs::{self, ProcSample};
 use crate::progress::Progress;
 use crate::relay_proc::RelayProcess;
 use crate::report::{
-    IdleFigures, Milestone, PhaseReport, RelayFigures, SoakFigures, StormFigures, UpstreamFigures,
+    IdleFigures, Milestone, PhaseReport, ServerFigures, SoakFigures, StormFigures, UpstreamFigures,
 };
+use crate::server_proc::{Baseline, ServerProcess};
 use crate::workload::{build_resources, Versions, Workload};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
     Relay,
-    Direct,
-    Floor,
+    /// A baseline served by a `loadgen --serve` child process.
+    Baseline(Baseline),
 }
 
 impl Target {
     pub fn name(self) -> &'static str {
         match self {
             Target::Relay => "relay",
-            Target::Direct => "direct",
-            Target::Floor => "floor",
+            Target::Baseline(b) => b.name(),
         }
     }
 }
@@ -57,11 +57,23 @@ pub fn chain(e: &dyn std::error::Error) -> String {
 }
 
 enum Upstream {
+    /// The relay's upstream, in this process.
     Cp {
         cp: Arc<ControlPlane>,
         stop: Option<oneshot::Sender<()>>,
     },
-    Floor(Arc<FloorServer>),
+    /// A baseline in its child process: it is its own upstream.
+    Child(Box<ServerProcess>),
+}
+
+impl Upstream {
+    /// Totals of the server clients talk to upstream of (relay) or to (baselines).
+    async fn stats(&mut self) -> UpstreamFigures {
+        match self {
+            Upstream::Cp { cp, .. } => upstream_now(cp),
+            Upstream::Child(p) => p.stats().await.unwrap_or_default(),
+        }
+    }
 }
 
 async fn start_control_plane(
@@ -167,7 +179,7 @@ fn upstream_delta(from: &UpstreamFigures, to: &UpstreamFigures) -> UpstreamFigur
 /// traffic the storm caused to settle, and reports the control plane's view before, during and
 /// after.
 async fn storm(
-    cp: &ControlPlane,
+    upstream: &mut Upstream,
     ctx: &RunCtx,
     ctrl_txs: &[mpsc::Sender<Ctrl>],
     timeout: Duration,
@@ -175,7 +187,7 @@ async fn storm(
     target: &str,
 ) -> StormFigures {
     let clients = ctx.synced.load(Ordering::Acquire);
-    let before = upstream_now(cp);
+    let before = upstream.stats().await;
     let start = Instant::now();
     *crate::sync::lock(&ctx.storm_start) = Some(start);
     for tx in ctrl_txs {
@@ -191,7 +203,7 @@ async fn storm(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let resynced_at = upstream_now(cp);
+    let resynced_at = upstream.stats().await;
     let hist = crate::sync::lock(&ctx.resync_us).clone();
     let wall_ms = if timed_out {
         start.elapsed().as_secs_f64() * 1000.0
@@ -199,7 +211,7 @@ async fn storm(
         hist.max() as f64 / 1000.0
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = upstream_now(cp);
+    let after = upstream.stats().await;
     let f = StormFigures {
         clients,
         resynced: ctx.resynced.load(Ordering::Acquire),
@@ -364,7 +376,7 @@ fn sample(pid: Option<u32>) -> ProcSample {
 
 fn rss_msg(pid: Option<u32>) -> String {
     match pid.and_then(procfs::sample) {
-        Some(s) => format!("relay RSS {:.1} MiB", s.rss_kb as f64 / 1024.0),
+        Some(s) => format!("server RSS {:.1} MiB", s.rss_kb as f64 / 1024.0),
         None => String::new(),
     }
 }
@@ -383,29 +395,11 @@ pub async fn run(
 
     // The upstream and the address clients connect to.
     let (mut upstream, addr, pid) = match target {
-        Target::Floor => {
-            let f = FloorServer::start(
-                workload.clone(),
-                "127.0.0.1:0".parse().unwrap(),
-                &mut servers,
-            )
-            .await
-            .map_err(|e| format!("floor: {e}"))?;
-            let addr = f.addr;
-            (Upstream::Floor(f), addr, None)
-        }
-        Target::Direct => {
-            let (cp, addr, stop) =
-                start_control_plane(&workload, "127.0.0.1:0".parse().unwrap(), &mut servers)
-                    .await?;
-            (
-                Upstream::Cp {
-                    cp,
-                    stop: Some(stop),
-                },
-                addr,
-                None,
-            )
+        Target::Baseline(b) => {
+            let p = ServerProcess::start(b, &workload, timeout).await?;
+            progress.line(format!("{}: pid {} on {}", b.name(), p.pid, p.addr));
+            let (addr, pid) = (p.addr, p.pid);
+            (Upstream::Child(Box::new(p)), addr, Some(pid))
         }
         Target::Relay => {
             let (cp, cp_addr, stop) =
@@ -466,29 +460,19 @@ pub async fn run(
             let ids: Vec<u32> = (c * k..((c + 1) * k).min(n)).collect();
             let ctx = ctx.clone();
             let sem = sem.clone();
-            match target {
-                Target::Floor => {
-                    clients.spawn(async move {
-                        let permit = sem.acquire_owned().await.expect("semaphore open");
-                        floor::run_connection(addr, ctx, ids, permit).await
-                    });
-                }
-                Target::Relay | Target::Direct => {
-                    let rxs = ids
-                        .iter()
-                        .map(|_| {
-                            let (tx, rx) = mpsc::channel(4);
-                            ctrl_txs.push(tx);
-                            rx
-                        })
-                        .collect();
-                    let protocol = args.protocol;
-                    clients.spawn(async move {
-                        let permit = sem.acquire_owned().await.expect("semaphore open");
-                        grpc_connection(addr, ctx, ids, rxs, protocol, permit).await
-                    });
-                }
-            }
+            let rxs = ids
+                .iter()
+                .map(|_| {
+                    let (tx, rx) = mpsc::channel(4);
+                    ctrl_txs.push(tx);
+                    rx
+                })
+                .collect();
+            let protocol = args.protocol;
+            clients.spawn(async move {
+                let permit = sem.acquire_owned().await.expect("semaphore open");
+                grpc_connection(addr, ctx, ids, rxs, protocol, permit).await
+            });
         }
         started = upto;
         let want = (upto * k).min(n) as usize;
@@ -541,9 +525,14 @@ pub async fn run(
                 .unwrap_or_default()
         ));
     }
-    // Stuck clients: held open (never read) until the phase ends.
+    // What the join cost the clients, before stuck clients and churn add to it.
+    let join_responses = ctx.responses.load(Ordering::Relaxed);
+    let join_requests = ctx.requests.load(Ordering::Relaxed);
+    // Stuck clients: held open (never read) until the phase ends. Not against the floor: it
+    // queues without bound for a client that does not read.
+    let floor = target == Target::Baseline(Baseline::Floor);
     let mut stuck = Vec::new();
-    if target != Target::Floor {
+    if !floor {
         for i in 0..args.stuck_clients {
             match client::stuck_client(addr, &ctx, i % n).await {
                 Ok(handles) => stuck.push(handles),
@@ -561,16 +550,15 @@ pub async fn run(
     let stuck_clients = stuck.len() as u32;
     let connected = sample(pid);
 
-    // Churn (gRPC targets only), then the updates.
-    let churn_task = (args.churn_per_sec > 0.0 && target != Target::Floor && !ctrl_txs.is_empty())
-        .then(|| {
-            tokio::spawn(churn(
-                ctrl_txs.clone(),
-                args.churn_per_sec,
-                args.churn_kind,
-                args.seed,
-            ))
-        });
+    // Churn (not against the floor: it ignores subscription changes), then the updates.
+    let churn_task = (args.churn_per_sec > 0.0 && !floor && !ctrl_txs.is_empty()).then(|| {
+        tokio::spawn(churn(
+            ctrl_txs.clone(),
+            args.churn_per_sec,
+            args.churn_kind,
+            args.seed,
+        ))
+    });
     let mut versions = Versions::new(&workload);
     let mut rng = StdRng::seed_from_u64(args.seed);
     let mut results: Vec<UpdateResult> = Vec::new();
@@ -586,12 +574,16 @@ pub async fn run(
         versions.apply(&changed, g);
         let prepared = match &upstream {
             Upstream::Cp { .. } => Some(build_resources(&workload, &versions)),
-            Upstream::Floor(_) => None,
+            Upstream::Child(_) => None,
         };
         let spec = ctx.publish(g, changed);
-        match (&upstream, prepared) {
+        match (&mut upstream, prepared) {
             (Upstream::Cp { cp, .. }, Some(res)) => cp.set_resources(res),
-            (Upstream::Floor(f), _) => f.push(&spec.changed, g),
+            (Upstream::Child(p), _) => {
+                if let Err(e) = p.push(&spec.changed, g).await {
+                    ctx.error(format!("{}: push: {e}", target.name()));
+                }
+            }
             _ => unreachable!("resources are prepared for a control plane"),
         }
         let expected = spec.expected_count;
@@ -651,11 +643,22 @@ pub async fn run(
     }
 
     // Reconnect storm: every synced client reopens its stream at once.
-    let storm = match (&upstream, args.storm) {
-        (Upstream::Cp { cp, .. }, true) => {
-            Some(storm(cp, &ctx, &ctrl_txs, timeout, progress, target.name()).await)
-        }
-        _ => None,
+    // Not the Delta floor: it ignores initial_resource_versions and resends everything, so its
+    // storm would not be the floor of anything.
+    let storm = if args.storm && !(floor && args.protocol == Protocol::Delta) {
+        Some(
+            storm(
+                &mut upstream,
+                &ctx,
+                &ctrl_txs,
+                timeout,
+                progress,
+                target.name(),
+            )
+            .await,
+        )
+    } else {
+        None
     };
 
     let soak = match target {
@@ -673,20 +676,11 @@ pub async fn run(
         .map(|r| (r.expected_clients - r.delivered_clients.min(r.expected_clients)) as u64)
         .sum();
     let busy_s: f64 = results.iter().map(|r| r.max_ms).sum::<f64>() / 1000.0;
-    let upstream_figs = match &upstream {
-        Upstream::Cp { cp, .. } => {
-            let s = cp.stats();
-            Some(UpstreamFigures {
-                streams_opened: s.streams_opened,
-                active_streams: s.active_streams,
-                requests: s.requests,
-            })
-        }
-        Upstream::Floor(_) => None,
-    };
-    let relay = pid.map(|pid| {
+    let upstream_figs = Some(upstream.stats().await);
+    let server = pid.map(|pid| {
         let cpu_updates_s = after.cpu_s - connected.cpu_s;
-        RelayFigures {
+        let cpu_connect_s = connected.cpu_s - baseline.cpu_s;
+        ServerFigures {
             pid,
             log: relay_proc.as_ref().map(|r| r.log.display().to_string()),
             baseline,
@@ -694,7 +688,8 @@ pub async fn run(
             after_updates: after,
             rss_per_client_kb: (connected.rss_kb as f64 - baseline.rss_kb as f64)
                 / f64::from(n.max(1)),
-            cpu_connect_s: connected.cpu_s - baseline.cpu_s,
+            cpu_connect_s,
+            cpu_per_joining_client_us: cpu_connect_s * 1e6 / f64::from(n.max(1)),
             cpu_updates_s,
             cpu_per_delivery_us: if deliveries > 0 {
                 cpu_updates_s * 1e6 / deliveries as f64
@@ -723,6 +718,9 @@ pub async fn run(
         },
         missed_deliveries: missed,
         responses: ctx.responses.load(Ordering::Relaxed),
+        requests: ctx.requests.load(Ordering::Relaxed),
+        join_responses,
+        join_requests,
         resources_received: ctx.resources_received.load(Ordering::Relaxed),
         errors: ctx.errors.load(Ordering::Relaxed),
         last_error: crate::sync::lock(&ctx.last_error).clone(),
@@ -733,23 +731,26 @@ pub async fn run(
         idle,
         soak,
         stuck_clients,
-        relay,
+        server,
         loadgen_cpu_s: procfs::sample_self().cpu_s - self_start.cpu_s,
         cdf: cdf(&all, 200),
     };
 
-    // Stop: clients, then the relay, then the upstream.
+    // Stop: clients, then the relay, then the upstream (or the baseline's process).
     drop(stuck);
     drop(ctrl_txs);
     clients.shutdown().await;
     if let Some(r) = relay_proc {
         r.stop().await;
     }
-    if let Upstream::Cp { cp, stop } = &mut upstream {
-        if let Some(s) = stop.take() {
-            let _ = s.send(());
+    match upstream {
+        Upstream::Cp { cp, mut stop } => {
+            if let Some(s) = stop.take() {
+                let _ = s.send(());
+            }
+            cp.disconnect_all();
         }
-        cp.disconnect_all();
+        Upstream::Child(p) => p.stop().await,
     }
     servers.shutdown().await;
     Ok(report)

@@ -11,7 +11,8 @@ const H: f64 = 460.0;
 fn color(target: &str) -> &'static str {
     match target {
         "relay" => "#d62728",
-        "direct" => "#1f77b4",
+        "plain" => "#1f77b4",
+        "demo" => "#7f7f7f",
         _ => "#2ca02c",
     }
 }
@@ -198,7 +199,8 @@ pub fn svg(r: &RunReport) -> String {
     let ms = r
         .phases
         .iter()
-        .find_map(|ph| ph.relay.as_ref())
+        .filter(|ph| ph.target == "relay")
+        .find_map(|ph| ph.server.as_ref())
         .map(|rf| {
             let mut v = vec![(0.0, rf.baseline.rss_kb as f64 / 1024.0)];
             v.extend(

@@ -1,5 +1,5 @@
-//! The result of a run: per-target figures, relay/direct and relay/floor ratios, the JSON file and
-//! the console summary.
+//! The result of a run: per-target figures, relay/plain, relay/floor (and relay/demo) ratios, the
+//! JSON file and the console summary with the side-by-side table.
 
 use std::fmt::Write as _;
 
@@ -10,7 +10,7 @@ use crate::measure::{Dist, UpdateResult};
 use crate::procfs::ProcSample;
 use crate::workload::Workload;
 
-/// RSS and CPU of the relay when `clients` had been started and `synced` of them held everything.
+/// RSS and CPU of the server when `clients` had been started and `synced` of them held everything.
 #[derive(Debug, Clone, Serialize)]
 pub struct Milestone {
     pub clients: u32,
@@ -20,11 +20,12 @@ pub struct Milestone {
     pub cpu_s: f64,
 }
 
+/// The process clients talk to (the relay, or a baseline's child process), from /proc.
 #[derive(Debug, Clone, Serialize)]
-pub struct RelayFigures {
+pub struct ServerFigures {
     pub pid: u32,
     pub log: Option<String>,
-    /// Relay started and ready, no clients.
+    /// Server started and ready, no clients.
     pub baseline: ProcSample,
     /// Every client connected and synced.
     pub connected: ProcSample,
@@ -33,13 +34,15 @@ pub struct RelayFigures {
     /// (connected RSS - baseline RSS) / clients.
     pub rss_per_client_kb: f64,
     pub cpu_connect_s: f64,
+    /// cpu_connect_s / clients.
+    pub cpu_per_joining_client_us: f64,
     pub cpu_updates_s: f64,
-    /// Relay CPU during the updates divided by the deliveries.
+    /// Server CPU during the updates divided by the deliveries (client-updates).
     pub cpu_per_delivery_us: f64,
     pub milestones: Vec<Milestone>,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct UpstreamFigures {
     pub streams_opened: u64,
     pub active_streams: u64,
@@ -48,7 +51,7 @@ pub struct UpstreamFigures {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct PhaseReport {
-    /// relay, direct or floor.
+    /// relay, plain, floor or demo.
     pub target: String,
     pub clients: u32,
     pub connections: u32,
@@ -66,11 +69,17 @@ pub struct PhaseReport {
     pub deliveries_per_sec: f64,
     pub missed_deliveries: u64,
     pub responses: u64,
+    /// Requests the clients sent (openings and ACKs).
+    pub requests: u64,
+    /// Responses and requests when every client had synced (the join's cost).
+    pub join_responses: u64,
+    pub join_requests: u64,
     pub resources_received: u64,
     pub errors: u64,
     pub last_error: Option<String>,
     pub reconnects: u64,
     pub churn_events: u64,
+    /// Relay: its upstream control plane's totals; baselines: their own.
     pub upstream: Option<UpstreamFigures>,
     /// `--storm`: the reconnect storm after the updates.
     pub storm: Option<StormFigures>,
@@ -80,8 +89,9 @@ pub struct PhaseReport {
     pub soak: Option<SoakFigures>,
     /// `--stuck-clients` that were open (subscribed, never reading) during the updates.
     pub stuck_clients: u32,
-    pub relay: Option<RelayFigures>,
-    /// CPU of the loadgen process itself during this phase (clients, and the in-process upstream).
+    /// The server's /proc figures (None when attached to a relay without --relay-pid).
+    pub server: Option<ServerFigures>,
+    /// CPU of the loadgen process itself during this phase (clients, and the relay's upstream).
     pub loadgen_cpu_s: f64,
     /// (latency ms, fraction) of the per-client latency distribution.
     pub cdf: Vec<(f64, f64)>,
@@ -140,7 +150,8 @@ pub struct SoakFigures {
     pub streams_after: Option<u64>,
 }
 
-/// Relay figure divided by another target's.
+/// Relay figure divided by another target's (below 1: the relay is faster or lighter; 0: a figure
+/// is missing).
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratio {
     pub p50: f64,
@@ -148,12 +159,19 @@ pub struct Ratio {
     pub max: f64,
     pub update_fanout_p99: f64,
     pub deliveries_per_sec: f64,
+    pub rss_per_client: f64,
+    pub cpu_per_client_update: f64,
+    pub join_wall: f64,
+    pub cpu_per_joining_client: f64,
+    pub join_responses_per_client: f64,
+    pub storm_wall: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Ratios {
-    pub relay_over_direct: Option<Ratio>,
+    pub relay_over_plain: Option<Ratio>,
     pub relay_over_floor: Option<Ratio>,
+    pub relay_over_demo: Option<Ratio>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -176,12 +194,22 @@ fn div(a: f64, b: f64) -> f64 {
 }
 
 fn ratio(relay: &PhaseReport, other: &PhaseReport) -> Ratio {
+    let f = |get: fn(&PhaseReport) -> Option<f64>| match (get(relay), get(other)) {
+        (Some(a), Some(b)) => div(a, b),
+        _ => 0.0,
+    };
     Ratio {
         p50: div(relay.latency.p50_ms, other.latency.p50_ms),
         p99: div(relay.latency.p99_ms, other.latency.p99_ms),
         max: div(relay.latency.max_ms, other.latency.max_ms),
         update_fanout_p99: div(relay.update_fanout.p99_ms, other.update_fanout.p99_ms),
         deliveries_per_sec: div(relay.deliveries_per_sec, other.deliveries_per_sec),
+        rss_per_client: f(|p| p.server.as_ref().map(|s| s.rss_per_client_kb)),
+        cpu_per_client_update: f(|p| p.server.as_ref().map(|s| s.cpu_per_delivery_us)),
+        join_wall: div(relay.connect_wall_s, other.connect_wall_s),
+        cpu_per_joining_client: f(|p| p.server.as_ref().map(|s| s.cpu_per_joining_client_us)),
+        join_responses_per_client: div(relay.join_responses as f64, other.join_responses as f64),
+        storm_wall: f(|p| p.storm.as_ref().map(|s| s.wall_ms)),
     }
 }
 
@@ -191,9 +219,100 @@ pub fn ratios(phases: &[PhaseReport]) -> Ratios {
         return Ratios::default();
     };
     Ratios {
-        relay_over_direct: find("direct").map(|d| ratio(relay, d)),
+        relay_over_plain: find("plain").map(|d| ratio(relay, d)),
         relay_over_floor: find("floor").map(|f| ratio(relay, f)),
+        relay_over_demo: find("demo").map(|d| ratio(relay, d)),
     }
+}
+
+/// One row of the side-by-side table: a figure per target, formatted; None where not measured.
+type Row = (&'static str, fn(&PhaseReport) -> Option<f64>, usize);
+
+const SIDE_BY_SIDE: [Row; 8] = [
+    (
+        "RSS per client after join, KiB",
+        |p| p.server.as_ref().map(|s| s.rss_per_client_kb),
+        1,
+    ),
+    (
+        "update p99 to all subscribers, ms",
+        |p| (p.latency.count > 0).then_some(p.latency.p99_ms),
+        1,
+    ),
+    (
+        "server CPU per client-update, us",
+        |p| p.server.as_ref().map(|s| s.cpu_per_delivery_us),
+        1,
+    ),
+    (
+        "cold join, time to last client, s",
+        |p| Some(p.connect_wall_s),
+        2,
+    ),
+    (
+        "server CPU per joining client, us",
+        |p| p.server.as_ref().map(|s| s.cpu_per_joining_client_us),
+        0,
+    ),
+    (
+        "responses per joining client",
+        |p| Some(p.join_responses as f64 / f64::from(p.clients.max(1))),
+        1,
+    ),
+    (
+        "requests per joining client",
+        |p| Some(p.join_requests as f64 / f64::from(p.clients.max(1))),
+        1,
+    ),
+    (
+        "reconnect storm, all resynced, ms",
+        |p| p.storm.as_ref().map(|s| s.wall_ms),
+        0,
+    ),
+];
+
+/// The figures of every target side by side, with relay/plain and relay/floor ratios.
+pub fn side_by_side(r: &RunReport) -> String {
+    let mut s = String::new();
+    let others: Vec<&PhaseReport> = r.phases.iter().filter(|p| p.target != "relay").collect();
+    let relay = r.phases.iter().find(|p| p.target == "relay");
+    let _ = write!(s, "{:<36}", "figure");
+    for p in &r.phases {
+        let _ = write!(s, " {:>9}", p.target);
+    }
+    if relay.is_some() {
+        for o in others.iter().filter(|o| o.target != "demo") {
+            let _ = write!(s, " {:>12}", format!("relay/{}", o.target));
+        }
+    }
+    s.push('\n');
+    for (label, get, digits) in SIDE_BY_SIDE {
+        let _ = write!(s, "{label:<36}");
+        for p in &r.phases {
+            match get(p) {
+                Some(v) => {
+                    let _ = write!(s, " {v:>9.digits$}");
+                }
+                None => {
+                    let _ = write!(s, " {:>9}", "-");
+                }
+            }
+        }
+        if let Some(relay) = relay {
+            for o in others.iter().filter(|o| o.target != "demo") {
+                match (get(relay), get(o)) {
+                    (Some(a), Some(b)) if b > 0.0 => {
+                        let _ = write!(s, " {:>12}", format!("x{:.2}", a / b));
+                    }
+                    _ => {
+                        let _ = write!(s, " {:>12}", "-");
+                    }
+                }
+            }
+        }
+        s.push('\n');
+    }
+    s
 }
 
 /// The human summary printed at the end of a run.
@@ -250,8 +369,16 @@ pub fn summary(r: &RunReport) -> String {
         if let Some(u) = &p.upstream {
             let _ = writeln!(
                 s,
-                "{:<7} upstream: {} streams opened, {} requests; loadgen CPU {:.2} s",
-                p.target, u.streams_opened, u.requests, p.loadgen_cpu_s
+                "{:<7} {}: {} streams opened, {} requests; loadgen CPU {:.2} s",
+                p.target,
+                if p.target == "relay" {
+                    "upstream"
+                } else {
+                    "server saw"
+                },
+                u.streams_opened,
+                u.requests,
+                p.loadgen_cpu_s
             );
         } else {
             let _ = writeln!(s, "{:<7} loadgen CPU {:.2} s", p.target, p.loadgen_cpu_s);
@@ -299,7 +426,7 @@ pub fn summary(r: &RunReport) -> String {
         if let Some(i) = &p.idle {
             let _ = writeln!(
                 s,
-                "{:<7} idle: relay CPU {:.3} s over {:.0} s ({:.2}% of a core)",
+                "{:<7} idle: server CPU {:.3} s over {:.0} s ({:.2}% of a core)",
                 p.target, i.relay_cpu_s, i.secs, i.relay_cpu_percent
             );
         }
@@ -325,25 +452,29 @@ pub fn summary(r: &RunReport) -> String {
             let _ = writeln!(s, "{:<7} last error: {e}", p.target);
         }
     }
-    if let Some(rf) = r.phases.iter().find_map(|p| p.relay.as_ref()) {
-        let mb = |kb: u64| kb as f64 / 1024.0;
-        let _ = writeln!(
-            s,
-            "relay   RSS: baseline {:.1} MiB, connected {:.1} MiB, after updates {:.1} MiB; {:.1} KiB per client",
-            mb(rf.baseline.rss_kb),
-            mb(rf.connected.rss_kb),
-            mb(rf.after_updates.rss_kb),
-            rf.rss_per_client_kb
-        );
-        let _ = writeln!(
-            s,
-            "relay   CPU: {:.2} s connecting, {:.2} s during updates ({:.1} us per delivery)",
-            rf.cpu_connect_s, rf.cpu_updates_s, rf.cpu_per_delivery_us
-        );
+    for p in &r.phases {
+        if let Some(rf) = &p.server {
+            let mb = |kb: u64| kb as f64 / 1024.0;
+            let _ = writeln!(
+                s,
+                "{:<7} RSS: baseline {:.1} MiB, connected {:.1} MiB, after updates {:.1} MiB; {:.1} KiB per client",
+                p.target,
+                mb(rf.baseline.rss_kb),
+                mb(rf.connected.rss_kb),
+                mb(rf.after_updates.rss_kb),
+                rf.rss_per_client_kb
+            );
+            let _ = writeln!(
+                s,
+                "{:<7} CPU: {:.2} s connecting, {:.2} s during updates ({:.1} us per delivery)",
+                p.target, rf.cpu_connect_s, rf.cpu_updates_s, rf.cpu_per_delivery_us
+            );
+        }
     }
     for (label, ra) in [
-        ("relay/direct", &r.ratios.relay_over_direct),
+        ("relay/plain", &r.ratios.relay_over_plain),
         ("relay/floor", &r.ratios.relay_over_floor),
+        ("relay/demo", &r.ratios.relay_over_demo),
     ] {
         if let Some(x) = ra {
             let _ = writeln!(
@@ -352,6 +483,10 @@ pub fn summary(r: &RunReport) -> String {
                 x.p50, x.p99, x.max, x.update_fanout_p99, x.deliveries_per_sec
             );
         }
+    }
+    if r.phases.len() > 1 {
+        let _ = writeln!(s, "\nside by side (server = the process clients talk to):");
+        s.push_str(&side_by_side(r));
     }
     s
 }

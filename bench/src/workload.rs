@@ -71,7 +71,7 @@ pub enum UpdatePattern {
 }
 
 /// The shape of the resource set and of each client's subscriptions.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Workload {
     pub clusters: u32,
     pub listeners: u32,
@@ -130,7 +130,7 @@ impl Workload {
 }
 
 /// The resources one update changes, as sorted indices per [`Kind`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Changed {
     pub names: [Vec<u32>; 3],
 }
@@ -171,25 +171,31 @@ impl Versions {
     }
 }
 
+/// The `Any` for (kind, index) at `generation`: an opaque body of `size` bytes that starts with
+/// `<name>@<version>:` (SotW `Any`s carry no version, so clients read it from there).
+pub fn resource_any(kind: Kind, index: u32, generation: u32, size: usize) -> prost_types::Any {
+    let mut value = format!("{}@{}:", kind.name(index), version_string(generation)).into_bytes();
+    value.resize(size.max(value.len()), b'x');
+    prost_types::Any {
+        type_url: kind.type_url().into(),
+        value,
+    }
+}
+
+/// The `envoy.service.discovery.v3.Resource` for (kind, index) at `generation`.
+pub fn resource(kind: Kind, index: u32, generation: u32, size: usize) -> Resource {
+    Resource {
+        name: kind.name(index),
+        version: version_string(generation),
+        resource: Some(resource_any(kind, index, generation, size)),
+        ..Default::default()
+    }
+}
+
 /// The encoded `envoy.service.discovery.v3.Resource` for (kind, index) at `generation`: an opaque
 /// body of `size` bytes in an `Any` of the kind's type.
 pub fn encode_resource(kind: Kind, index: u32, generation: u32, size: usize) -> Bytes {
-    let name = kind.name(index);
-    let version = version_string(generation);
-    let mut value = format!("{name}@{version}:").into_bytes();
-    value.resize(size.max(value.len()), b'x');
-    Bytes::from(
-        Resource {
-            name,
-            version,
-            resource: Some(prost_types::Any {
-                type_url: kind.type_url().into(),
-                value,
-            }),
-            ..Default::default()
-        }
-        .encode_to_vec(),
-    )
+    Bytes::from(resource(kind, index, generation, size).encode_to_vec())
 }
 
 /// The whole resource set at `versions`, as the demo control plane takes it.

@@ -1,5 +1,5 @@
 //! Smoke run of the load generator, in CI: a few hundred clients for a few seconds against a relay
-//! it starts itself, plus the direct and floor comparisons. Asserts that the run completes, every
+//! it starts itself, plus the plain, floor (and demo) baselines, Delta and SotW, with a storm. Asserts that the run completes, every
 //! client converges, no update is missed, and the JSON result is well formed. No timing
 //! assertions: this machine is noisy; figures come from bench/RESULTS.md runs.
 
@@ -24,29 +24,14 @@ fn relay_bin() -> PathBuf {
         })
 }
 
-#[test]
-fn loadgen_smoke_run_converges_and_writes_json() {
-    let out = std::env::temp_dir().join(format!("loadgen-smoke-{}.json", std::process::id()));
+/// Runs loadgen with `args` plus the common small workload; returns the parsed JSON result.
+fn run_loadgen(name: &str, args: &[&str]) -> serde_json::Value {
+    let out = std::env::temp_dir().join(format!("loadgen-{name}-{}.json", std::process::id()));
     let status = Command::new(env!("CARGO_BIN_EXE_loadgen"))
-        .args([
-            "--clients",
-            "200",
-            "--updates",
-            "3",
-            "--resources",
-            "20",
-            "--listeners",
-            "2",
-        ])
-        .args([
-            "--eds-per-client",
-            "2",
-            "--eds-pool",
-            "50",
-            "--compare",
-            "--timeout-secs",
-            "60",
-        ])
+        .args(["--resources", "20", "--listeners", "2"])
+        .args(["--eds-per-client", "2", "--eds-pool", "50"])
+        .args(["--timeout-secs", "60"])
+        .args(args)
         .arg("--relay-bin")
         .arg(relay_bin())
         .arg("--out")
@@ -54,26 +39,69 @@ fn loadgen_smoke_run_converges_and_writes_json() {
         .status()
         .expect("run loadgen");
     assert!(status.success(), "loadgen failed: {status}");
-    let report: serde_json::Value =
+    let report =
         serde_json::from_slice(&std::fs::read(&out).expect("result file")).expect("valid JSON");
+    let _ = std::fs::remove_file(out);
+    report
+}
+
+/// Every target's clients converged, nothing missed, no errors; each server was sampled.
+fn assert_converged(report: &serde_json::Value, clients: u64, targets: &[&str]) {
     let phases = report["phases"].as_array().expect("phases");
-    let targets: Vec<&str> = phases.iter().filter_map(|p| p["target"].as_str()).collect();
-    assert_eq!(targets, vec!["relay", "direct", "floor"]);
+    let names: Vec<&str> = phases.iter().filter_map(|p| p["target"].as_str()).collect();
+    assert_eq!(names, targets);
     for p in phases {
+        let t = &p["target"];
         assert_eq!(
             p["synced"].as_u64(),
-            Some(200),
-            "{}: every client converges",
-            p["target"]
+            Some(clients),
+            "{t}: every client converges"
         );
-        assert_eq!(p["missed_deliveries"].as_u64(), Some(0), "{}", p["target"]);
-        assert_eq!(p["errors"].as_u64(), Some(0), "{}", p["target"]);
+        assert_eq!(p["missed_deliveries"].as_u64(), Some(0), "{t}");
+        assert_eq!(p["errors"].as_u64(), Some(0), "{t}");
+        assert!(p["server"]["pid"].as_u64().is_some(), "{t}: server sampled");
+        if !p["storm"].is_null() {
+            assert_eq!(p["storm"]["resynced"].as_u64(), Some(clients), "{t}: storm");
+        }
     }
-    let relay = &phases[0];
+}
+
+#[test]
+fn loadgen_smoke_run_converges_and_writes_json() {
+    let report = run_loadgen(
+        "smoke",
+        &["--clients", "200", "--updates", "3", "--compare", "--storm"],
+    );
+    assert_converged(&report, 200, &["relay", "plain", "floor"]);
+    let relay = &report["phases"][0];
     assert_eq!(
         relay["upstream"]["streams_opened"].as_u64(),
         Some(1),
         "one upstream stream"
     );
-    let _ = std::fs::remove_file(out);
+    for r in ["relay_over_plain", "relay_over_floor"] {
+        assert!(
+            report["ratios"][r]["rss_per_client"].as_f64() > Some(0.0),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn loadgen_sotw_smoke_run_with_demo_converges() {
+    let report = run_loadgen(
+        "smoke-sotw",
+        &[
+            "--protocol",
+            "sotw",
+            "--clients",
+            "50",
+            "--updates",
+            "2",
+            "--compare",
+            "--with-demo",
+            "--storm",
+        ],
+    );
+    assert_converged(&report, 50, &["relay", "plain", "floor", "demo"]);
 }

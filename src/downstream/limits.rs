@@ -29,6 +29,9 @@ pub struct StreamLimits {
     /// A stream whose responses have not been taken by the transport for this long is ended; zero
     /// disables it.
     pub stuck_timeout: Duration,
+    /// The largest response a client accepts (its gRPC receive limit); larger Delta states are
+    /// split over several responses.
+    pub max_response_bytes: usize,
 }
 
 impl Default for StreamLimits {
@@ -39,6 +42,7 @@ impl Default for StreamLimits {
             requests_per_second: 0,
             request_burst: 0,
             stuck_timeout: Duration::ZERO,
+            max_response_bytes: crate::xds::delta::DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 }
@@ -265,6 +269,7 @@ mod tests {
             requests_per_second: 10,
             request_burst: 5,
             stuck_timeout: Duration::ZERO,
+            ..StreamLimits::default()
         }
     }
 

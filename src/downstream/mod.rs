@@ -7,6 +7,4 @@ pub mod services;
 pub mod stream;
 
 pub use mailbox::Mailbox;
-pub use stream::{
-    serve, AckTimes, ClientEntry, Introspect, ResponseStream, StreamEvent, StreamHost,
-};
+pub use stream::{serve, AckTimes, ClientEntry, Introspect, Responses, StreamEvent, StreamHost};

@@ -1,174 +1,276 @@
-//! The tonic services: ADS (SotW and Delta) and every per-type discovery service, all thin shims
-//! onto [`super::serve`] for any [`StreamHost`] (the relay, or the demo control plane).
+//! The xDS gRPC services: ADS (SotW and Delta) and every per-type discovery service, for any
+//! [`StreamHost`] (the relay, or the demo control plane).
+//!
+//! The write side is hand-written rather than tonic's generated servers: tonic's encoder copies
+//! every response into a per-stream buffer that keeps the capacity of the stream's largest
+//! message. Here a response is a shared, pre-framed gRPC message ([`crate::xds::Frame`]) handed
+//! to HTTP/2 as the body's next data frame: no copy, and nothing per stream outlives the write.
+//! The request side is decoded by tonic's `Streaming` as usual, and the rest is plain gRPC:
+//! `content-type: application/grpc`, status in trailers, `grpc-timeout` by tonic's server layer,
+//! compressed requests refused with UNIMPLEMENTED.
 
+use std::convert::Infallible;
+use std::marker::PhantomData;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use tonic::{Request, Response, Status, Streaming};
+use bytes::Bytes;
+use http_body::Frame as BodyFrame;
+use tonic::body::Body;
+use tonic::codec::Streaming;
+use tonic::server::NamedService;
+use tonic::Status;
 
-use super::stream::{serve, ResponseStream, StreamHost};
-use crate::pb::discovery::{DeltaDiscoveryRequest, DiscoveryRequest};
-use crate::pb::per_type;
-use crate::pb::relay_ads::aggregated_discovery_service_server::AggregatedDiscoveryService;
-use crate::pb::wire;
-use crate::xds::{DeltaStream, SotwStream};
+use super::stream::{serve, Responses, StreamHost};
+use crate::tls::TlsPeer;
+use crate::xds::{DeltaStream, SotwStream, StreamCore, XdsRequest};
 
-/// Serves xDS for a host. Cloned per connection by tonic; holds only an `Arc`.
-#[derive(Debug)]
-pub struct XdsServices<H> {
-    host: Arc<H>,
+/// The gRPC methods of one discovery service.
+pub trait Methods: Send + Sync + 'static {
+    /// `package.Service`, the route prefix.
+    const NAME: &'static str;
+    /// The state-of-the-world method, if the service has one (VHDS has none).
+    const SOTW: Option<&'static str>;
+    const DELTA: &'static str;
+    /// The type a per-type service serves (None for ADS).
+    const TYPE_URL: Option<&'static str>;
 }
 
-impl<H> Clone for XdsServices<H> {
+/// Serves one discovery service for a host. Cloned per connection; holds only an `Arc`.
+pub struct XdsService<H, M> {
+    host: Arc<H>,
+    max_request_bytes: usize,
+    methods: PhantomData<fn() -> M>,
+}
+
+impl<H, M> Clone for XdsService<H, M> {
     fn clone(&self) -> Self {
-        XdsServices {
+        XdsService {
             host: self.host.clone(),
+            max_request_bytes: self.max_request_bytes,
+            methods: PhantomData,
         }
     }
 }
 
-impl<H: StreamHost> XdsServices<H> {
-    pub fn new(host: Arc<H>) -> Self {
-        XdsServices { host }
-    }
-
-    fn sotw(
-        &self,
-        req: Request<Streaming<DiscoveryRequest>>,
-        fixed_type: Option<&'static str>,
-    ) -> Result<Response<ResponseStream<wire::DiscoveryResponse>>, Status> {
-        let peer = tls_peer(&req);
-        Ok(Response::new(serve::<H, SotwStream>(
-            self.host.clone(),
-            req.into_inner(),
-            fixed_type,
-            peer,
-        )))
-    }
-
-    fn delta(
-        &self,
-        req: Request<Streaming<DeltaDiscoveryRequest>>,
-        fixed_type: Option<&'static str>,
-    ) -> Result<Response<ResponseStream<wire::DeltaDiscoveryResponse>>, Status> {
-        let peer = tls_peer(&req);
-        Ok(Response::new(serve::<H, DeltaStream>(
-            self.host.clone(),
-            req.into_inner(),
-            fixed_type,
-            peer,
-        )))
-    }
+impl<H, M: Methods> NamedService for XdsService<H, M> {
+    const NAME: &'static str = M::NAME;
 }
 
-/// The verified client certificate's identity, on a TLS connection.
-fn tls_peer<T>(req: &Request<T>) -> Option<Arc<crate::tls::PeerIdentity>> {
-    req.extensions()
-        .get::<crate::tls::TlsPeer>()
-        .map(|p| p.0.clone())
-}
-
-#[tonic::async_trait]
-impl<H: StreamHost> AggregatedDiscoveryService for XdsServices<H> {
-    type StreamAggregatedResourcesStream = ResponseStream<wire::DiscoveryResponse>;
-    type DeltaAggregatedResourcesStream = ResponseStream<wire::DeltaDiscoveryResponse>;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        self.sotw(request, None)
+impl<H: StreamHost, M: Methods> XdsService<H, M> {
+    pub fn new(host: Arc<H>, max_request_bytes: usize) -> Self {
+        XdsService {
+            host,
+            max_request_bytes,
+            methods: PhantomData,
+        }
     }
 
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        self.delta(request, None)
+    fn respond(&self, req: http::Request<Body>) -> http::Response<Body> {
+        let method = req.uri().path().rsplit('/').next().unwrap_or_default();
+        if M::SOTW == Some(method) {
+            self.stream::<SotwStream>(req)
+        } else if M::DELTA == method {
+            self.stream::<DeltaStream>(req)
+        } else {
+            Status::unimplemented(format!("{} has no method {method}", M::NAME)).into_http()
+        }
     }
-}
 
-/// Implements one per-type service: its SotW and Delta rpcs with the type fixed.
-macro_rules! per_type_service {
-    ($module:ident :: $server_mod:ident :: $trait:ident, $type_url:literal,
-     $(sotw: $sotw_fn:ident / $SotwAssoc:ident,)? delta: $delta_fn:ident / $DeltaAssoc:ident) => {
-        #[tonic::async_trait]
-        impl<H: StreamHost> per_type::$module::$server_mod::$trait for XdsServices<H> {
-            $(
-            type $SotwAssoc = ResponseStream<wire::DiscoveryResponse>;
-            async fn $sotw_fn(
-                &self,
-                request: Request<Streaming<DiscoveryRequest>>,
-            ) -> Result<Response<Self::$SotwAssoc>, Status> {
-                self.sotw(request, Some($type_url))
+    fn stream<C>(&self, req: http::Request<Body>) -> http::Response<Body>
+    where
+        C: StreamCore + Send + 'static,
+        C::Request:
+            XdsRequest + super::limits::RequestShape + prost::Message + Default + Send + 'static,
+    {
+        // tonic is built without compression: a compressed request could not be read.
+        if let Some(enc) = req.headers().get("grpc-encoding") {
+            if enc.as_bytes() != b"identity" {
+                return Status::unimplemented(format!(
+                    "adsrelay does not accept compressed requests (grpc-encoding: {}); send \
+                     them uncompressed",
+                    String::from_utf8_lossy(enc.as_bytes())
+                ))
+                .into_http();
             }
-            )?
-            type $DeltaAssoc = ResponseStream<wire::DeltaDiscoveryResponse>;
-            async fn $delta_fn(
-                &self,
-                request: Request<Streaming<DeltaDiscoveryRequest>>,
-            ) -> Result<Response<Self::$DeltaAssoc>, Status> {
-                self.delta(request, Some($type_url))
-            }
+        }
+        let peer = req.extensions().get::<TlsPeer>().map(|p| p.0.clone());
+        let inbound = Streaming::new_request(
+            crate::codec::request_decoder::<C::Request>(),
+            req.into_body(),
+            None,
+            Some(self.max_request_bytes),
+        );
+        let responses = serve::<H, C>(self.host.clone(), inbound, M::TYPE_URL, peer);
+        let mut resp = http::Response::new(Body::new(FrameBody {
+            responses: Some(responses),
+        }));
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        resp
+    }
+}
+
+impl<H: StreamHost, M: Methods> tonic::codegen::Service<http::Request<Body>> for XdsService<H, M> {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        std::future::ready(Ok(self.respond(req)))
+    }
+}
+
+/// A stream's response body: each frame the stream task sends, as one HTTP/2 data frame of the
+/// shared bytes; then the status as trailers (OK when the task ends without one).
+struct FrameBody {
+    /// `None` once the trailers went out.
+    responses: Option<Responses>,
+}
+
+impl http_body::Body for FrameBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<BodyFrame<Bytes>, Status>>> {
+        let Some(rx) = self.responses.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let status = match rx.poll_recv(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Some(item)) => match *item {
+                Ok(bytes) => return Poll::Ready(Some(Ok(BodyFrame::data(bytes)))),
+                Err(status) => status,
+            },
+            Poll::Ready(None) => Status::ok(""),
+        };
+        self.responses = None;
+        let mut trailers = http::HeaderMap::new();
+        if status.add_header(&mut trailers).is_err() {
+            // A message that cannot be a header value: the code alone.
+            trailers.clear();
+            trailers.insert("grpc-status", http::HeaderValue::from(status.code() as i32));
+        }
+        Poll::Ready(Some(Ok(BodyFrame::trailers(trailers))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.responses.is_none()
+    }
+}
+
+/// Declares the marker type of one discovery service.
+macro_rules! methods {
+    ($marker:ident, $name:literal, $sotw:expr, $delta:literal, $type_url:expr) => {
+        pub struct $marker;
+        impl Methods for $marker {
+            const NAME: &'static str = $name;
+            const SOTW: Option<&'static str> = $sotw;
+            const DELTA: &'static str = $delta;
+            const TYPE_URL: Option<&'static str> = $type_url;
         }
     };
 }
 
-per_type_service!(cluster::cluster_discovery_service_server::ClusterDiscoveryService,
-    "type.googleapis.com/envoy.config.cluster.v3.Cluster",
-    sotw: stream_clusters / StreamClustersStream, delta: delta_clusters / DeltaClustersStream);
-per_type_service!(listener::listener_discovery_service_server::ListenerDiscoveryService,
-    "type.googleapis.com/envoy.config.listener.v3.Listener",
-    sotw: stream_listeners / StreamListenersStream, delta: delta_listeners / DeltaListenersStream);
-per_type_service!(route::route_discovery_service_server::RouteDiscoveryService,
-    "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
-    sotw: stream_routes / StreamRoutesStream, delta: delta_routes / DeltaRoutesStream);
-per_type_service!(scoped_routes::scoped_routes_discovery_service_server::ScopedRoutesDiscoveryService,
-    "type.googleapis.com/envoy.config.route.v3.ScopedRouteConfiguration",
-    sotw: stream_scoped_routes / StreamScopedRoutesStream,
-    delta: delta_scoped_routes / DeltaScopedRoutesStream);
-per_type_service!(virtual_host::virtual_host_discovery_service_server::VirtualHostDiscoveryService,
-    "type.googleapis.com/envoy.config.route.v3.VirtualHost",
-    delta: delta_virtual_hosts / DeltaVirtualHostsStream);
-per_type_service!(endpoint::endpoint_discovery_service_server::EndpointDiscoveryService,
-    "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
-    sotw: stream_endpoints / StreamEndpointsStream, delta: delta_endpoints / DeltaEndpointsStream);
-per_type_service!(secret::secret_discovery_service_server::SecretDiscoveryService,
-    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
-    sotw: stream_secrets / StreamSecretsStream, delta: delta_secrets / DeltaSecretsStream);
-per_type_service!(runtime::runtime_discovery_service_server::RuntimeDiscoveryService,
-    "type.googleapis.com/envoy.service.runtime.v3.Runtime",
-    sotw: stream_runtime / StreamRuntimeStream, delta: delta_runtime / DeltaRuntimeStream);
-per_type_service!(extension::extension_config_discovery_service_server::ExtensionConfigDiscoveryService,
-    "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
-    sotw: stream_extension_configs / StreamExtensionConfigsStream,
-    delta: delta_extension_configs / DeltaExtensionConfigsStream);
+methods!(
+    Ads,
+    "envoy.service.discovery.v3.AggregatedDiscoveryService",
+    Some("StreamAggregatedResources"),
+    "DeltaAggregatedResources",
+    None
+);
+methods!(
+    Cds,
+    "envoy.service.cluster.v3.ClusterDiscoveryService",
+    Some("StreamClusters"),
+    "DeltaClusters",
+    Some("type.googleapis.com/envoy.config.cluster.v3.Cluster")
+);
+methods!(
+    Lds,
+    "envoy.service.listener.v3.ListenerDiscoveryService",
+    Some("StreamListeners"),
+    "DeltaListeners",
+    Some("type.googleapis.com/envoy.config.listener.v3.Listener")
+);
+methods!(
+    Rds,
+    "envoy.service.route.v3.RouteDiscoveryService",
+    Some("StreamRoutes"),
+    "DeltaRoutes",
+    Some("type.googleapis.com/envoy.config.route.v3.RouteConfiguration")
+);
+methods!(
+    Srds,
+    "envoy.service.route.v3.ScopedRoutesDiscoveryService",
+    Some("StreamScopedRoutes"),
+    "DeltaScopedRoutes",
+    Some("type.googleapis.com/envoy.config.route.v3.ScopedRouteConfiguration")
+);
+methods!(
+    Vhds,
+    "envoy.service.route.v3.VirtualHostDiscoveryService",
+    None,
+    "DeltaVirtualHosts",
+    Some("type.googleapis.com/envoy.config.route.v3.VirtualHost")
+);
+methods!(
+    Eds,
+    "envoy.service.endpoint.v3.EndpointDiscoveryService",
+    Some("StreamEndpoints"),
+    "DeltaEndpoints",
+    Some("type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment")
+);
+methods!(
+    Sds,
+    "envoy.service.secret.v3.SecretDiscoveryService",
+    Some("StreamSecrets"),
+    "DeltaSecrets",
+    Some("type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret")
+);
+methods!(
+    Rtds,
+    "envoy.service.runtime.v3.RuntimeDiscoveryService",
+    Some("StreamRuntime"),
+    "DeltaRuntime",
+    Some("type.googleapis.com/envoy.service.runtime.v3.Runtime")
+);
+methods!(
+    Ecds,
+    "envoy.service.extension.v3.ExtensionConfigDiscoveryService",
+    Some("StreamExtensionConfigs"),
+    "DeltaExtensionConfigs",
+    Some("type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig")
+);
 
-/// Adds every xDS service for `host` to a tonic server, with the message size limits applied.
+/// Adds every xDS service for `host` to a tonic server; requests larger than
+/// `max_request_bytes` end their stream with RESOURCE_EXHAUSTED.
 pub fn add_all<H: StreamHost>(
     server: &mut tonic::transport::Server,
     host: Arc<H>,
-    max_message_bytes: usize,
+    max_request_bytes: usize,
 ) -> tonic::transport::server::Router {
-    let svc = XdsServices::new(host);
-    macro_rules! limited {
-        ($server:path) => {{
-            use $server as S;
-            S::new(svc.clone())
-                .max_decoding_message_size(max_message_bytes)
-                .max_encoding_message_size(max_message_bytes)
-        }};
-    }
+    let h = || host.clone();
+    let m = max_request_bytes;
     server
-        .add_service(limited!(
-            crate::pb::relay_ads::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer
-        ))
-        .add_service(limited!(per_type::cluster::cluster_discovery_service_server::ClusterDiscoveryServiceServer))
-        .add_service(limited!(per_type::listener::listener_discovery_service_server::ListenerDiscoveryServiceServer))
-        .add_service(limited!(per_type::route::route_discovery_service_server::RouteDiscoveryServiceServer))
-        .add_service(limited!(per_type::scoped_routes::scoped_routes_discovery_service_server::ScopedRoutesDiscoveryServiceServer))
-        .add_service(limited!(per_type::virtual_host::virtual_host_discovery_service_server::VirtualHostDiscoveryServiceServer))
-        .add_service(limited!(per_type::endpoint::endpoint_discovery_service_server::EndpointDiscoveryServiceServer))
-        .add_service(limited!(per_type::secret::secret_discovery_service_server::SecretDiscoveryServiceServer))
-        .add_service(limited!(per_type::runtime::runtime_discovery_service_server::RuntimeDiscoveryServiceServer))
-        .add_service(limited!(per_type::extension::extension_config_discovery_service_server::ExtensionConfigDiscoveryServiceServer))
+        .add_service(XdsService::<H, Ads>::new(h(), m))
+        .add_service(XdsService::<H, Cds>::new(h(), m))
+        .add_service(XdsService::<H, Lds>::new(h(), m))
+        .add_service(XdsService::<H, Rds>::new(h(), m))
+        .add_service(XdsService::<H, Srds>::new(h(), m))
+        .add_service(XdsService::<H, Vhds>::new(h(), m))
+        .add_service(XdsService::<H, Eds>::new(h(), m))
+        .add_service(XdsService::<H, Sds>::new(h(), m))
+        .add_service(XdsService::<H, Rtds>::new(h(), m))
+        .add_service(XdsService::<H, Ecds>::new(h(), m))
 }

@@ -6,12 +6,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
-use futures::Stream;
-use prost::Message as _;
+use bytes::Bytes;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, Instrument};
 
 use super::limits::{self, Refusal, RequestShape, StreamLimits, TokenBucket};
 use super::mailbox::Mailbox;
@@ -22,7 +20,6 @@ use crate::tls::PeerIdentity;
 use crate::xds::constraints::Params;
 use crate::xds::{
     AckStatus, Locator, RequestEffects, Store, StreamCore, StreamId, TypeSnapshot, XdsRequest,
-    XdsResponse,
 };
 
 /// What a stream needs from whoever owns the store it serves.
@@ -88,6 +85,8 @@ pub enum StreamEvent<'a> {
         resources: usize,
         bytes: usize,
         received_at: Option<Instant>,
+        /// The frame was shared with other streams rather than encoded for this one.
+        shared: bool,
     },
 }
 
@@ -152,46 +151,44 @@ impl ClientEntry {
     }
 }
 
-pub type ResponseStream<T> = std::pin::Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+/// A stream's responses as the HTTP/2 body takes them: complete gRPC messages (shared frames),
+/// then at most one status. One slot: a slow reader never accumulates outdated responses.
+pub type Responses = mpsc::Receiver<Box<Result<Bytes, Status>>>;
 
-/// Starts serving one stream and returns the response stream for tonic. `fixed_type` is the
+/// Starts serving one stream and returns its responses for the body. `fixed_type` is the
 /// type_url of a per-type (non-ADS) service, filled into requests that leave it empty.
 pub fn serve<H, C>(
     host: Arc<H>,
     inbound: Streaming<C::Request>,
     fixed_type: Option<&'static str>,
     peer: Option<Arc<PeerIdentity>>,
-) -> ResponseStream<C::Response>
+) -> Responses
 where
     H: StreamHost,
     C: StreamCore + Send + 'static,
     C::Request: XdsRequest + RequestShape + prost::Message + Default + Send + 'static,
-    C::Response: XdsResponse + prost::Message + Send + 'static,
 {
     // One response in flight per stream: the rest stays as pending state in the state machine, so
     // a slow reader never accumulates outdated responses.
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(drive::<H, C>(host, inbound, tx, fixed_type, peer));
-    Box::pin(tokio_stream::StreamExt::map(ReceiverStream::new(rx), |r| {
-        *r
-    }))
+    rx
 }
 
 /// The response channel's sender. Items are boxed: tokio allocates channel slots 32 at a time
-/// whatever the capacity, and 32 unboxed responses-or-statuses cost ~6 KiB per client.
-type Outbox<T> = mpsc::Sender<Box<Result<T, Status>>>;
+/// whatever the capacity, and 32 unboxed frames-or-statuses cost ~6 KiB per client.
+type Outbox = mpsc::Sender<Box<Result<Bytes, Status>>>;
 
 async fn drive<H, C>(
     host: Arc<H>,
     mut inbound: Streaming<C::Request>,
-    tx: Outbox<C::Response>,
+    tx: Outbox,
     fixed_type: Option<&'static str>,
     peer: Option<Arc<PeerIdentity>>,
 ) where
     H: StreamHost,
     C: StreamCore + Send + 'static,
     C::Request: XdsRequest + RequestShape + prost::Message + Default + Send + 'static,
-    C::Response: XdsResponse + prost::Message + Send + 'static,
 {
     let first = match inbound.message().await {
         Ok(Some(first)) => first,
@@ -239,10 +236,14 @@ async fn drive<H, C>(
         "sotw"
     };
     let group = host.group_name(&session);
-    let span = tracing::info_span!("xds_stream", stream = id, node_id = %node.id,
+    // DEBUG, like every per-stream line: at INFO a fleet's joins would flood the log, and an
+    // enabled span costs on every poll of the stream.
+    let span = tracing::debug_span!("xds_stream", stream = id, node_id = %node.id,
         cluster = %node.cluster, %group, protocol);
     // The state machine is locked only by this task and, on demand, by introspection.
-    let core = Arc::new(Mutex::new(C::for_node(&node, host.default_params(&node))));
+    let mut state_machine = C::for_node(&node, host.default_params(&node));
+    state_machine.limit_response_bytes(stream_limits.max_response_bytes);
+    let core = Arc::new(Mutex::new(state_machine));
     let client = Arc::new(ClientEntry {
         id,
         node: node.clone(),
@@ -263,7 +264,7 @@ async fn drive<H, C>(
     };
     let stuck_timeout = guard.limits.stuck_timeout;
     let outcome: Result<(), Refusal> = async {
-        info!("stream opened");
+        debug!("stream opened");
         handle(
             &*host, &session, &client, &core, first, fixed_type, &mut guard,
         )?;
@@ -309,24 +310,25 @@ async fn drive<H, C>(
                     let (next, refetch) = {
                         let mut core = lock(&core);
                         mailbox.drain_into(&mut *core, &mut received)?;
-                        let next = host.with_store(&session, |store| core.next_response(store));
+                        let next = host.with_store(&session, |store| core.next_frame(store));
                         (next, core.take_refetch())
                     };
                     if !refetch.is_empty() {
                         host.refetch(&session, refetch);
                     }
                     match next {
-                        Some(resp) => {
-                            let (type_url, nonce, count) = resp.summary();
-                            debug!(%type_url, %nonce, resources = count, "sending response");
+                        Some(out) => {
+                            debug!(type_url = %out.type_url, nonce = out.frame.nonce,
+                                resources = out.resources, shared = out.shared, "sending response");
                             host.observe(StreamEvent::Sent {
                                 protocol,
-                                type_url,
-                                resources: count,
-                                bytes: resp.encoded_len(),
-                                received_at: received.remove(type_url),
+                                type_url: &out.type_url,
+                                resources: out.resources,
+                                bytes: out.frame.message_len(),
+                                received_at: received.remove(&out.type_url),
+                                shared: out.shared,
                             });
-                            permit.send(Box::new(Ok(resp)));
+                            permit.send(Box::new(Ok(out.frame.bytes)));
                         }
                         None => {
                             // Nothing due: what was received produced nothing to write.
@@ -343,7 +345,7 @@ async fn drive<H, C>(
     if let Err(refusal) = outcome {
         refuse(&*host, &tx, refusal).instrument(span.clone()).await;
     }
-    span.in_scope(|| info!("stream closed"));
+    span.in_scope(|| debug!("stream closed"));
     let mut held = lock(&core).subscriptions();
     if let Some(e) = guard.unapplied {
         // The core took in a request the group never saw (it was refused): release exactly what
@@ -374,12 +376,12 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
 
 /// Ends a stream with the refusal's status (counted when it is the client's fault). The send is
 /// bounded in time: a stuck client may never make room for it.
-async fn refuse<H: StreamHost, T>(host: &H, tx: &Outbox<T>, refusal: Refusal) {
+async fn refuse<H: StreamHost>(host: &H, tx: &Outbox, refusal: Refusal) {
     if let Some(reason) = refusal.reason {
         host.observe(StreamEvent::Rejected(reason));
     }
     let status = refusal.status;
-    warn!(code = ?status.code(), message = %status.message(), "ending stream");
+    debug!(code = ?status.code(), message = %status.message(), "ending stream");
     let _ = tokio::time::timeout(
         std::time::Duration::from_secs(1),
         tx.send(Box::new(Err(status))),
@@ -435,7 +437,7 @@ where
                 type_url: &effects.type_url,
                 nack: true,
             });
-            warn!(type_url = %effects.type_url, %nonce, error = %message, "client rejected a response (NACK)")
+            debug!(type_url = %effects.type_url, %nonce, error = %message, "client rejected a response (NACK)")
         }
         AckStatus::Ack { nonce } => {
             client.answered(&effects.type_url, false);

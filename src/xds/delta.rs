@@ -19,9 +19,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::constraints::{ConstraintKey, Params};
+use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
 use super::resource::{CachedResource, Locator, Name, SubscriptionStamps};
 use super::store::{ChangeSet, Lookup, Store};
+use super::unacked::Unacked;
 use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceError, ResourceName};
 use crate::pb::wire;
 
@@ -121,14 +123,22 @@ struct TypeState {
     wildcard: bool,
     /// name -> parameter set -> subscribed by plain name (true) or by locator (false).
     explicit: BTreeMap<Name, BTreeMap<Arc<Params>, bool>>,
-    /// What the client holds, from our responses and its `initial_resource_versions`.
-    known: HashMap<Locator, Held>,
+    /// What the client holds, from our responses and its `initial_resource_versions`. Changed
+    /// only through [`TypeState::hold`] / [`TypeState::unhold`] while building a response, so a
+    /// NACK can put it back (A23: a client that rejects a version keeps the one before).
+    /// Ordered by name, so a name's entries are one range (see [`first_of`]).
+    known: BTreeMap<Locator, Held>,
+    /// What the responses not yet ACKed changed in `known`.
+    unacked: Unacked<Locator, Held>,
+    /// What a NACKed response gave (`None`: removed) where the client kept its previous version:
+    /// not sent again until it changes, a re-subscribe (A7) or a new stream (A31).
+    rejected: HashMap<Locator, Option<Held>>,
     /// Names to evaluate at the next build.
     pending: BTreeSet<Name>,
     /// Evaluate every name of the type at the next build (wildcard start, wildcard sync).
     pending_all: bool,
     /// Subscriptions that must be sent even if the client holds the current version (A6, A7).
-    forced: HashSet<Locator>,
+    forced: BTreeSet<Locator>,
     /// Store sequence at subscription time, for `do_not_cache` content (D2).
     stamps: SubscriptionStamps,
     /// Names whose TTL the upstream refreshed: forward the heartbeat to holders of that version.
@@ -148,6 +158,63 @@ impl TypeState {
             || self.pending_all
             || self.owe_response
             || !self.heartbeats.is_empty()
+    }
+
+    /// Records that the response being built gives the client `held` for `l`.
+    fn hold(&mut self, l: &Locator, held: Held) {
+        self.unacked
+            .record(l, self.known.get(l), self.last_nonce.as_deref());
+        self.known.insert(l.clone(), held);
+        self.rejected.remove(l);
+    }
+
+    /// Records that the response being built takes `l` from the client (or sends it again later).
+    fn unhold(&mut self, l: &Locator) -> Option<Held> {
+        let before = self.known.remove(l);
+        if before.is_some() {
+            self.unacked
+                .record(l, before.as_ref(), self.last_nonce.as_deref());
+        }
+        self.rejected.remove(l);
+        before
+    }
+
+    /// The client dropped `l` itself: nothing of it is held or to restore.
+    fn forget(&mut self, l: &Locator) {
+        self.known.remove(l);
+        self.unacked.forget(l);
+        self.rejected.remove(l);
+    }
+
+    /// Whether the client rejected exactly this outcome for `l` (`None`: a removal).
+    fn was_rejected(&self, l: &Locator, r: Option<&Arc<CachedResource>>) -> bool {
+        match (self.rejected.get(l), r) {
+            (Some(Some(h)), Some(r)) => h.is(r),
+            (Some(None), None) => true,
+            _ => false,
+        }
+    }
+
+    /// Settles the response a request answers: an ACK keeps `known`, a NACK restores what the
+    /// client held before the response, since it keeps that (A23, and what CSDS reports).
+    fn settle(&mut self, nonce: &str, nacked: bool) {
+        self.unacked.seal(self.last_nonce.as_deref());
+        if !nacked {
+            self.unacked.ack(nonce);
+            return;
+        }
+        for (l, before) in self.unacked.nack(nonce, false) {
+            let after = self.known.get(&l).cloned();
+            self.rejected.insert(l.clone(), after);
+            match before {
+                Some(h) => {
+                    self.known.insert(l, h);
+                }
+                None => {
+                    self.known.remove(&l);
+                }
+            }
+        }
     }
 
     fn explicit_contains(&self, l: &Locator) -> bool {
@@ -176,6 +243,8 @@ pub struct DeltaStream {
     default_params: Arc<Params>,
     /// Subscriptions whose `do_not_cache` content must be fetched again for this client (C3).
     refetch: Vec<(String, Locator)>,
+    /// The client's receive limit; 0 means [`DEFAULT_MAX_RESPONSE_BYTES`].
+    pub(super) max_response_bytes: usize,
 }
 
 /// B14: clusters before endpoints before listeners before routes, so a client never sees a
@@ -192,21 +261,21 @@ pub(crate) fn type_rank(type_url: &str) -> u8 {
     }
 }
 
-/// A Delta response stops taking resources past this size; the rest follow in further responses.
-/// Every stream's gRPC encode buffer grows to its largest response and keeps that capacity for
-/// the stream's life, so a 1 MiB initial state to 10,000 clients would otherwise pin ~10 GB.
-/// Splitting is free in Delta: each response is applied and ACKed on its own. Measured with 1,000
-/// clients holding 120 resources of 1 KiB: 32 KiB gives 137.6 KiB RSS per client, 16 KiB gives
-/// 109.1 KiB; with 3,000 clients, 16 KiB gives 81.5, 8 KiB 65.7 and 4 KiB 65.0 KiB per client
-/// while 4 KiB costs 30% more CPU to connect (more responses and ACKs): 8 KiB (bench/RESULTS.md).
-pub const RESPONSE_BUDGET_BYTES: usize = 8 * 1024;
+/// The largest response a stream sends unless told otherwise: gRPC's default receive limit. A
+/// Delta state larger than this goes out in several responses, each applied and ACKed on its own.
+/// Responses are framed once into shared bytes (see [`super::frame`]), so no stream keeps an encode
+/// buffer sized to its largest response and nothing else bounds a response's size.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 4 << 20;
+
+/// Room left in a response for everything but resources (type, nonce, removals, errors).
+const RESPONSE_OVERHEAD_BYTES: usize = 64 << 10;
 
 /// One response under construction: deduplicated so no name (or variant) appears twice and none
 /// is both added and removed (A20).
 #[derive(Default)]
 struct Builder {
     resources: Vec<Bytes>,
-    /// Encoded size of `resources`, to cut responses at [`RESPONSE_BUDGET_BYTES`].
+    /// Encoded size of `resources`, to keep responses within the stream's size limit.
     bytes: usize,
     /// Wire identity (see [`wire_id`]) -> the resource sent under it.
     added: HashMap<(Name, ConstraintKey, bool), Arc<CachedResource>>,
@@ -243,6 +312,15 @@ impl Builder {
     }
 }
 
+/// The smallest locator of `name`: locators order by name first and the empty parameter set sorts
+/// before any other, so `range(first_of(name)..)` while the name matches is every locator of that
+/// name. Builds run per name per response, so they must not scan everything the client holds.
+fn first_of(name: &Name) -> Locator {
+    static NO_PARAMS: std::sync::LazyLock<Arc<Params>> =
+        std::sync::LazyLock::new(|| Arc::new(Params::new()));
+    Locator::with_params(name.clone(), NO_PARAMS.clone())
+}
+
 /// How a client identifies a resource in a response: its plain name (by-name subscribers, and
 /// unconstrained variants, which carry `name`), or its name and constraints (A20).
 fn wire_id(r: &CachedResource, by_name: bool) -> (Name, ConstraintKey, bool) {
@@ -266,6 +344,13 @@ impl DeltaStream {
             default_params: Arc::new(params),
             ..Self::default()
         }
+    }
+
+    /// Responses stay within `bytes` (the client's receive limit), a single resource larger than
+    /// that excepted.
+    pub fn with_max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
+        self
     }
 
     pub fn on_request(
@@ -332,11 +417,14 @@ impl DeltaStream {
                     effects.release.push(Locator::plain(WILDCARD));
                     // A4: the client drops wildcard-only resources itself.
                     let explicit = &ts.explicit;
-                    ts.known.retain(|k, _| {
+                    let keep = |k: &Locator| {
                         explicit
                             .get(&k.name)
                             .is_some_and(|m| m.contains_key(&k.params))
-                    });
+                    };
+                    ts.known.retain(|k, _| keep(k));
+                    ts.rejected.retain(|k, _| keep(k));
+                    ts.unacked.retain(keep);
                 }
                 continue;
             }
@@ -358,7 +446,7 @@ impl DeltaStream {
                 ts.forced.insert(l);
             } else {
                 // A9: no response needed; stop tracking so a later subscribe starts fresh.
-                ts.known.remove(&l);
+                ts.forget(&l);
                 ts.forced.remove(&l);
             }
         }
@@ -377,6 +465,8 @@ impl DeltaStream {
                 ts.last_ack = Some(nonce.clone());
                 AckStatus::Ack { nonce }
             };
+            // Stale answers count too: a client answers every response, in order.
+            ts.settle(&req.response_nonce, req.error_detail.is_some());
         }
         Ok(effects)
     }
@@ -428,8 +518,41 @@ impl DeltaStream {
         self.types.values().any(|t| t.has_work())
     }
 
-    /// Builds the next response, trying types in B14 order. `None` means nothing to send now.
+    /// Builds the next response, trying types in B14 order, with a nonce of this stream's own
+    /// sequence. `None` means nothing to send now.
     pub fn next_response(&mut self, store: &Store) -> Option<wire::DeltaDiscoveryResponse> {
+        let mut resp = self.next_content(store)?;
+        self.nonce_seq += 1;
+        resp.nonce = self.nonce_seq.to_string();
+        self.sent(&resp.type_url, self.nonce_seq);
+        Some(resp)
+    }
+
+    /// The next response as a shared frame from the store's frame cache (see [`super::frame`]).
+    pub fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
+        let resp = self.next_content(store)?;
+        let type_url = resp.type_url.clone();
+        let resources = resp.resources.len() + resp.removed_resources.len();
+        let (frame, shared) = store.frames().frame(Content::Delta(resp), self.nonce_seq);
+        self.nonce_seq = frame.nonce;
+        self.sent(&type_url, frame.nonce);
+        Some(Outgoing {
+            frame,
+            type_url,
+            resources,
+            shared,
+        })
+    }
+
+    /// A response of `type_url` went out with `nonce`: ACKs and NACKs are judged against it.
+    fn sent(&mut self, type_url: &str, nonce: u64) {
+        if let Some(ts) = self.types.get_mut(type_url) {
+            ts.last_nonce = Some(nonce.to_string());
+        }
+    }
+
+    /// The next response's content (no nonce yet), trying types in B14 order.
+    fn next_content(&mut self, store: &Store) -> Option<wire::DeltaDiscoveryResponse> {
         let mut order: Vec<String> = self
             .types
             .iter()
@@ -446,7 +569,15 @@ impl DeltaStream {
         let synced = store.wildcard_synced(type_url);
         let authoritative = store.wildcard_authoritative(type_url);
         let defaults = self.default_params.clone();
+        let limit = match self.max_response_bytes {
+            0 => DEFAULT_MAX_RESPONSE_BYTES,
+            n => n,
+        };
+        let budget = limit - RESPONSE_OVERHEAD_BYTES.min(limit / 4);
+        let largest = store.largest_bytes(type_url);
         let ts = self.types.get_mut(type_url)?;
+        // Changes staged by an earlier build belong to its response (or to none).
+        ts.unacked.seal(ts.last_nonce.as_deref());
         let mut candidates = std::mem::take(&mut ts.pending);
         if ts.pending_all {
             ts.pending_all = false;
@@ -460,7 +591,11 @@ impl DeltaStream {
         let mut out = Builder::default();
         let mut candidates = candidates.into_iter();
         while let Some(name) = candidates.next() {
-            if out.bytes >= RESPONSE_BUDGET_BYTES {
+            // The exact size is looked up only near the limit.
+            if !out.resources.is_empty()
+                && out.bytes + largest > budget
+                && out.bytes + store.name_bytes(type_url, &name) > budget
+            {
                 // The rest goes in the next response, built when the client can take it.
                 ts.pending.insert(name);
                 ts.pending.extend(candidates);
@@ -485,11 +620,15 @@ impl DeltaStream {
             if ts.wildcard {
                 subs.entry(wild.clone()).or_insert((true, true));
             }
-            for l in ts.known.keys().chain(ts.forced.iter()) {
-                if l.name == name {
-                    subs.entry(l.clone())
-                        .or_insert((l.params == defaults, false));
-                }
+            let first = first_of(&name);
+            let held = ts.known.range(&first..).map(|(l, _)| l);
+            let forced = ts.forced.range(&first..);
+            for l in held
+                .take_while(|l| l.name == name)
+                .chain(forced.take_while(|l| l.name == name))
+            {
+                subs.entry(l.clone())
+                    .or_insert((l.params == defaults, false));
             }
             for (l, (by_name, covered)) in subs {
                 Self::evaluate(
@@ -518,7 +657,8 @@ impl DeltaStream {
         // A23: a heartbeat goes only to clients holding exactly that version; anyone else either
         // gets the resource in full (above) or is behind after a NACK and must not be refreshed.
         for name in std::mem::take(&mut ts.heartbeats) {
-            for (l, held) in ts.known.iter().filter(|(l, _)| l.name == name) {
+            let first = first_of(&name);
+            for (l, held) in ts.known.range(&first..).take_while(|(l, _)| l.name == name) {
                 let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) else {
                     continue;
                 };
@@ -542,16 +682,12 @@ impl DeltaStream {
             return None;
         }
         ts.owe_response = false;
-        self.nonce_seq += 1;
-        let nonce = self.nonce_seq.to_string();
-        ts.last_nonce = Some(nonce.clone());
         Some(wire::DeltaDiscoveryResponse {
             type_url: type_url.to_string(),
             resources: out.resources,
             removed_resources: out.removed.into_iter().collect(),
             removed_resource_names: out.removed_variants,
             resource_errors: out.errors,
-            nonce,
             ..Default::default()
         })
     }
@@ -572,7 +708,7 @@ impl DeltaStream {
     ) {
         let forced = ts.forced.contains(l);
         let remove = |ts: &mut TypeState, out: &mut Builder| {
-            match ts.known.remove(l).as_ref().and_then(Held::constraints) {
+            match ts.unhold(l).as_ref().and_then(Held::constraints) {
                 Some(c) if !by_name => out.removed_variants.push(ResourceName {
                     name: l.name.to_string(),
                     dynamic_parameter_constraints: Some(c.clone()),
@@ -598,7 +734,8 @@ impl DeltaStream {
                         return;
                     }
                 }
-                if forced || !held.is_some_and(|h| h.is(r)) {
+                let rejected = ts.was_rejected(l, Some(r));
+                if forced || !(held.is_some_and(|h| h.is(r)) || rejected) {
                     // E14: a locator subscriber switching variants is told the old one is gone.
                     if let Some((key, Some(c))) = held.map(|h| (h.key(), h.constraints())) {
                         if !by_name && *key != r.key {
@@ -609,18 +746,18 @@ impl DeltaStream {
                         }
                     }
                     if out.add(r, by_name) {
-                        ts.known.insert(l.clone(), Held::Sent(r.clone()));
+                        ts.hold(l, Held::Sent(r.clone()));
                     } else {
                         // Another subscription of the name took its wire identity: whatever the
                         // client held under it is replaced, so send this one again later.
-                        ts.known.remove(l);
+                        ts.unhold(l);
                     }
                 }
                 ts.forced.remove(l);
             }
             Lookup::Absent => {
                 // A10/A12: tell the client, once, that it does not exist.
-                if covered && (forced || ts.known.contains_key(l)) {
+                if covered && (forced || (ts.known.contains_key(l) && !ts.was_rejected(l, None))) {
                     remove(ts, out);
                 } else {
                     ts.forced.remove(l);
@@ -716,6 +853,17 @@ impl DeltaStream {
                         .filter(|n| !ts.known.keys().any(|l| &l.name == *n))
                         .cloned()
                         .collect()
+                } else {
+                    Vec::new()
+                },
+                rejected: if resources {
+                    let mut v: Vec<(Name, String)> = ts
+                        .rejected
+                        .iter()
+                        .filter_map(|(l, h)| Some((l.name.clone(), h.as_ref()?.version().into())))
+                        .collect();
+                    v.sort();
+                    v
                 } else {
                     Vec::new()
                 },

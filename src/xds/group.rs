@@ -32,6 +32,9 @@ pub struct GroupState {
     index: HashMap<String, HashMap<Name, HashMap<StreamId, u32>>>,
     /// Names (and lingering wildcards) held upstream that no client wants, within a byte budget.
     pub unsubscribed: UnsubscribedSet,
+    /// The upstream stream must be re-established to get a full answer (taken by the upstream
+    /// task, see [`GroupState::take_resync`]).
+    resync_wanted: bool,
 }
 
 impl GroupState {
@@ -41,7 +44,13 @@ impl GroupState {
             interest: Interest::new(linger),
             index: HashMap::new(),
             unsubscribed: UnsubscribedSet::default(),
+            resync_wanted: false,
         }
+    }
+
+    /// Whether the upstream stream must be re-established (and clears the request).
+    pub fn take_resync(&mut self) -> bool {
+        std::mem::take(&mut self.resync_wanted)
     }
 
     /// Sets the byte budget of the unsubscribed set (`unsubscribed_cache_bytes`).
@@ -244,6 +253,9 @@ impl GroupState {
         let wildcard = self.interest.is_wildcard(type_url);
         let wildcard_answered = wildcard && self.interest.wildcard_sent(type_url);
         let mut changes = self.store.apply(type_url, update, wildcard_answered)?;
+        if wildcard_answered {
+            self.interest.wildcard_answered(type_url);
+        }
         for n in &changes.names {
             self.interest.received(type_url, n);
         }
@@ -274,8 +286,8 @@ impl GroupState {
     }
 
     /// Ends expired lingers (dropping what the store holds for names no longer subscribed
-    /// upstream) and expired TTLs; returns the change sets the TTL expiries caused, with the
-    /// streams they affect.
+    /// upstream), unanswered wildcard waits and expired TTLs; returns the change sets the wildcard
+    /// waits and TTL expiries caused, with the streams they affect.
     pub fn expire(&mut self, now: Instant) -> Vec<(ChangeSet, HashSet<StreamId>)> {
         let mut lapsed: HashMap<String, Vec<Name>> = HashMap::new();
         for (type_url, l) in self.interest.expire(now) {
@@ -289,6 +301,20 @@ impl GroupState {
         for (type_url, names) in lapsed {
             self.settle(&type_url, names);
         }
+        // B2/D9 liveness: a mid-stream "*" the upstream did not answer (it need not).
+        let mut served = Vec::new();
+        for (type_url, dropped_before) in self.interest.unanswered_wildcards(now) {
+            if dropped_before && !self.store.wildcard_synced(&type_url) {
+                // Serving now could omit names the server thinks we hold: start a new stream.
+                self.resync_wanted = true;
+                continue;
+            }
+            if let Some(c) = self.store.serve_unanswered_wildcard(&type_url) {
+                self.interest.wildcards_unanswered += 1;
+                let affected = self.affected(&c);
+                served.push((c, affected));
+            }
+        }
         let expired = self.store.expire(now);
         // Kept names whose TTL ran out hold less now.
         for c in &expired {
@@ -298,13 +324,11 @@ impl GroupState {
             }
             self.account_wildcard(&c.type_url);
         }
-        expired
-            .into_iter()
-            .map(|c| {
-                let affected = self.affected(&c);
-                (c, affected)
-            })
-            .collect()
+        served.extend(expired.into_iter().map(|c| {
+            let affected = self.affected(&c);
+            (c, affected)
+        }));
+        served
     }
 
     /// The next time [`GroupState::expire`] has work: a linger, a refetch fallback or a TTL.
@@ -405,6 +429,91 @@ mod tests {
 
     fn present(g: &GroupState, name: &str) -> bool {
         matches!(g.store.lookup(T, name), Lookup::Present(_))
+    }
+
+    /// B2/D9: a `"*"` added to a running stream need not be answered; after the wait the cache
+    /// serves wildcard subscribers, without authority to remove names.
+    #[test]
+    fn a_mid_stream_wildcard_left_unanswered_is_served_after_the_wait() {
+        use crate::xds::interest::WILDCARD_WAIT;
+        let t0 = Instant::now();
+        let mut g = GroupState::new(LINGER);
+        sub(&mut g, 1, &["a"], t0);
+        assert_eq!(upstream(&mut g).0, vec!["a"]);
+        send(&mut g, vec![res("a", "1", 1)]);
+        sub(&mut g, 2, &[WILDCARD], t0);
+        assert_eq!(upstream(&mut g).0, vec![WILDCARD]);
+        g.interest.arm_wildcard_waits(t0);
+        assert!(!g.store.wildcard_synced(T));
+        assert_eq!(g.next_deadline(), Some(t0 + WILDCARD_WAIT));
+        assert!(g.expire(t0 + WILDCARD_WAIT / 2).is_empty());
+        let served = g.expire(t0 + WILDCARD_WAIT);
+        assert_eq!(served.len(), 1);
+        assert!(served[0].0.wildcard_synced_now);
+        assert!(
+            served[0].1.contains(&2),
+            "the wildcard subscriber looks again"
+        );
+        assert!(g.store.wildcard_synced(T));
+        assert!(
+            !g.store.wildcard_authoritative(T),
+            "a guess proves no removal"
+        );
+        assert_eq!(g.interest.wildcards_unanswered, 1);
+        // A later response is the answer: now authoritative.
+        send(&mut g, vec![res("b", "1", 1)]);
+        assert!(g.store.wildcard_authoritative(T));
+    }
+
+    #[test]
+    fn a_wildcard_the_upstream_must_answer_is_waited_for() {
+        use crate::xds::interest::WILDCARD_WAIT;
+        let t0 = Instant::now();
+        // The type's first request on the stream carries "*": the server must answer it.
+        let mut g = GroupState::new(LINGER);
+        sub(&mut g, 1, &[WILDCARD], t0);
+        upstream(&mut g);
+        g.interest.arm_wildcard_waits(t0);
+        assert!(g.expire(t0 + WILDCARD_WAIT * 10).is_empty());
+        assert!(!g.store.wildcard_synced(T));
+        // Added mid-stream but answered in time: no guess, no count.
+        let mut g = GroupState::new(LINGER);
+        sub(&mut g, 1, &["a"], t0);
+        upstream(&mut g);
+        sub(&mut g, 2, &[WILDCARD], t0);
+        upstream(&mut g);
+        g.interest.arm_wildcard_waits(t0);
+        send(&mut g, vec![res("a", "1", 1)]);
+        assert!(g.expire(t0 + WILDCARD_WAIT).is_empty());
+        assert!(g.store.wildcard_authoritative(T));
+        assert_eq!(g.interest.wildcards_unanswered, 0);
+        // On a new stream the first request carries "*" again: no wait.
+        g.interest.resubscribe_all();
+        assert_eq!(g.interest.next_deadline(), None);
+    }
+
+    #[test]
+    fn a_wildcard_dropped_and_taken_again_asks_for_a_new_stream() {
+        use crate::xds::interest::WILDCARD_WAIT;
+        let t0 = Instant::now();
+        let mut g = GroupState::new(Duration::ZERO);
+        sub(&mut g, 1, &[WILDCARD], t0);
+        upstream(&mut g);
+        send(&mut g, vec![res("a", "1", 1), res("b", "1", 1)]);
+        // The wildcard lapses: the store forgets a and b, the server may still count them held.
+        unsub(&mut g, 1, &[WILDCARD], t0);
+        assert_eq!(upstream(&mut g).1, vec![WILDCARD]);
+        assert!(!present(&g, "a"));
+        sub(&mut g, 2, &[WILDCARD], t0);
+        upstream(&mut g);
+        g.interest.arm_wildcard_waits(t0);
+        assert!(
+            g.expire(t0 + WILDCARD_WAIT).is_empty(),
+            "no guess from a gutted cache"
+        );
+        assert!(!g.store.wildcard_synced(T));
+        assert!(g.take_resync(), "a new stream brings every name back (C4)");
+        assert!(!g.take_resync());
     }
 
     fn group(budget: usize) -> GroupState {

@@ -14,6 +14,16 @@ pub const WILDCARD: &str = "*";
 /// for upstreams that do not resend on a repeated subscribe (go-control-plane).
 pub const REFETCH_FALLBACK: Duration = Duration::from_secs(2);
 
+/// How long the group waits for an answer to a `"*"` added to a running upstream stream before
+/// serving its wildcard subscribers from the cache. A conforming Delta server must answer only
+/// the first wildcard request of a type on a stream (go-control-plane sends nothing when the
+/// wildcard adds no resource), so readiness cannot depend on that answer (B2/D9 liveness). Names
+/// the server has that the relay lacks arrive as an ordinary response, usually well within this
+/// wait; the cache served after it is not authoritative for removals (A12): only a real answer
+/// makes it so. Forcing an answer by re-listing a held name (A7) is not used: go-control-plane
+/// does not resend on a repeated subscribe, and a type may hold no name to re-list.
+pub const WILDCARD_WAIT: Duration = Duration::from_secs(2);
+
 #[derive(Debug, Default)]
 struct TypeInterest {
     refs: HashMap<Locator, u32>,
@@ -33,6 +43,23 @@ struct TypeInterest {
     /// `"*"` has been sent upstream (on the current stream): only responses after that can count
     /// as the wildcard's answer (D9).
     wildcard_sent: bool,
+    /// A request of this type went out on the current upstream stream.
+    on_stream: bool,
+    /// `"*"` went out after the type's first request on the stream, which a conforming server
+    /// need not answer: when the wait ends the group serves its cache (see [`WILDCARD_WAIT`]).
+    wildcard_wait: WildcardWait,
+    /// `"*"` was unsubscribed on this stream: the server may still count the names it sent
+    /// under it as held (go-control-plane does), while the store forgot them (D5).
+    wildcard_dropped: bool,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum WildcardWait {
+    #[default]
+    None,
+    /// Sent; the deadline starts at the next clock reading (`arm_wildcard_waits` / `expire`).
+    Sent,
+    Until(Instant),
 }
 
 impl TypeInterest {
@@ -68,6 +95,8 @@ pub struct Interest {
     /// Refetches requested (C3) and how many fell back to unsubscribe+subscribe, for metrics.
     pub refetches: u64,
     pub refetch_fallbacks: u64,
+    /// Mid-stream `"*"` subscriptions the upstream left unanswered past [`WILDCARD_WAIT`].
+    pub wildcards_unanswered: u64,
 }
 
 impl Interest {
@@ -77,6 +106,7 @@ impl Interest {
             linger,
             refetches: 0,
             refetch_fallbacks: 0,
+            wildcards_unanswered: 0,
         }
     }
 
@@ -177,6 +207,40 @@ impl Interest {
         self.refetches += 1;
     }
 
+    /// Starts the wait of every `"*"` sent mid-stream since the last call (the adapter calls this
+    /// right after sending; `expire` does it too, for callers that never do).
+    pub fn arm_wildcard_waits(&mut self, now: Instant) {
+        for ti in self.types.values_mut() {
+            if ti.wildcard_wait == WildcardWait::Sent {
+                ti.wildcard_wait = WildcardWait::Until(now + WILDCARD_WAIT);
+            }
+        }
+    }
+
+    /// A response of the type arrived after `"*"` went out: it is the wildcard's answer.
+    pub fn wildcard_answered(&mut self, type_url: &str) {
+        if let Some(ti) = self.types.get_mut(type_url) {
+            ti.wildcard_wait = WildcardWait::None;
+        }
+    }
+
+    /// Types whose mid-stream `"*"` got no response by its deadline (the wait ends here), each
+    /// with whether `"*"` had been unsubscribed earlier on the stream: then the cache may lack
+    /// names the server believes the relay still holds, and only a new stream (C4, with initial
+    /// versions) brings them back.
+    pub fn unanswered_wildcards(&mut self, now: Instant) -> Vec<(String, bool)> {
+        let mut out = Vec::new();
+        for (type_url, ti) in self.types.iter_mut() {
+            if matches!(ti.wildcard_wait, WildcardWait::Until(d) if d <= now) {
+                ti.wildcard_wait = WildcardWait::None;
+                if ti.wildcard_sent {
+                    out.push((type_url.clone(), ti.wildcard_dropped));
+                }
+            }
+        }
+        out
+    }
+
     /// The upstream sent `name`: refetches of it are satisfied.
     pub fn received(&mut self, type_url: &str, name: &str) {
         if let Some(ti) = self.types.get_mut(type_url) {
@@ -189,6 +253,7 @@ impl Interest {
     /// Ends expired lingers and refetch waits. Returns the locators whose upstream subscription now
     /// lapses, so the caller can drop what it holds for them.
     pub fn expire(&mut self, now: Instant) -> Vec<(String, Locator)> {
+        self.arm_wildcard_waits(now);
         let mut lapsed = Vec::new();
         for (type_url, ti) in self.types.iter_mut() {
             let expired: Vec<Locator> = ti
@@ -219,11 +284,16 @@ impl Interest {
 
     /// The earliest linger or refetch deadline, so the adapter knows when to call `expire`.
     pub fn next_deadline(&self) -> Option<Instant> {
+        let waits = self.types.values().filter_map(|t| match t.wildcard_wait {
+            WildcardWait::Until(d) => Some(d),
+            _ => None,
+        });
         self.types
             .values()
             .flat_map(|t| t.lingering.values().chain(t.refetching.values()))
-            .min()
             .copied()
+            .chain(waits)
+            .min()
     }
 
     /// Takes the subscription changes that have not been sent upstream yet, in the order they must
@@ -245,10 +315,18 @@ impl Interest {
             }
             if t.subscribe.iter().any(|l| &*l.name == WILDCARD) {
                 t.wildcard_sent = true;
+                // Only the type's first request on a stream must be answered when it carries
+                // "*" (go-control-plane's delta server answers exactly that one).
+                if t.on_stream {
+                    t.wildcard_wait = WildcardWait::Sent;
+                }
             }
             if t.unsubscribe.iter().any(|l| &*l.name == WILDCARD) {
                 t.wildcard_sent = false;
+                t.wildcard_wait = WildcardWait::None;
+                t.wildcard_dropped = true;
             }
+            t.on_stream = true;
             out.push(UpstreamChange {
                 type_url: type_url.clone(),
                 subscribe: std::mem::take(&mut t.subscribe).into_iter().collect(),
@@ -270,6 +348,9 @@ impl Interest {
             let all: BTreeSet<Locator> =
                 ti.refs.keys().chain(ti.lingering.keys()).cloned().collect();
             ti.wildcard_sent = all.iter().any(|l| &*l.name == WILDCARD);
+            ti.on_stream = !all.is_empty();
+            ti.wildcard_wait = WildcardWait::None;
+            ti.wildcard_dropped = false;
             if !all.is_empty() {
                 out.push((type_url.clone(), all.into_iter().collect()));
             }

@@ -4,23 +4,28 @@
 //! - [`store`]: one group's resources per type, and what the upstream said does not exist.
 //! - [`interest`]: the refcounted union of downstream interest -> upstream subscribe/unsubscribe.
 //! - [`delta`]: the per-stream Delta state machine: requests and changes in, responses out.
+//! - [`frame`]: responses encoded once as gRPC messages and shared by every stream due them.
 //! - [`group`]: one aggregation group's store, interest, subscriber index and unsubscribed set.
+//! - [`unacked`]: what each unacknowledged response changed in a stream's record, undone on NACK.
 //! - [`unsubscribed`]: names no client wants any more, kept fresh within a byte budget (LRU).
 
 pub mod constraints;
 pub mod delta;
+pub mod frame;
 pub mod group;
 pub mod interest;
 pub mod resource;
 pub mod sotw;
 pub mod store;
 pub mod stream;
+pub mod unacked;
 pub mod unsubscribed;
 
 pub use delta::{AckStatus, DeltaStream, ProtocolError, RequestEffects};
+pub use frame::{Frame, FrameCache, Outgoing};
 pub use group::{GroupState, StreamId};
 pub use interest::{Interest, UpstreamChange, WILDCARD};
 pub use resource::{CachedResource, Locator, Name};
 pub use sotw::SotwStream;
 pub use store::{ApplyError, ChangeSet, Lookup, Store, UpstreamUpdate};
-pub use stream::{StreamCore, TypeSnapshot, XdsRequest, XdsResponse};
+pub use stream::{StreamCore, TypeSnapshot, XdsRequest};

@@ -9,6 +9,7 @@
 //! content it would receive changes, and is the same on every relay replica (D8).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,9 +17,11 @@ use sha2::{Digest, Sha256};
 
 use super::constraints::{ConstraintKey, Params};
 use super::delta::{AckStatus, ProtocolError, RequestEffects};
+use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
 use super::resource::{Locator, Name, SubscriptionStamps};
 use super::store::{ChangeSet, Lookup, Store};
+use super::unacked::Unacked;
 use crate::pb::core::Node;
 use crate::pb::discovery::DiscoveryRequest;
 use crate::pb::wire;
@@ -48,8 +51,15 @@ struct TypeState {
     subs: BTreeMap<Locator, bool>,
     /// A non-empty `resource_names` was seen: an empty one now means "nothing", not wildcard (B5).
     seen_names: bool,
-    /// What the client holds from our responses: locator -> (variant, version).
-    sent: BTreeMap<Locator, (ConstraintKey, String)>,
+    /// What the client holds from our responses: locator -> (variant, version). A response changes
+    /// it through [`TypeState::set_sent`], so a NACK puts back the state the client kept, and
+    /// `version_info`, CSDS and /debug/clients report what the client really holds.
+    sent: BTreeMap<Locator, Held>,
+    /// What the responses not yet ACKed changed in `sent`.
+    unacked: Unacked<Locator, Held>,
+    /// What a NACKed response gave (`None`: left out) where the client kept its previous state:
+    /// that alone is no reason to respond again (A31, B7).
+    rejected: BTreeMap<Locator, Option<Held>>,
     /// Something relevant changed since the last response.
     dirty: bool,
     /// Subscriptions to send even if unchanged: newly requested (B4), re-requested (B13).
@@ -61,6 +71,42 @@ struct TypeState {
     last_nonce: Option<String>,
     acked_nonce: Option<String>,
     last_nack: Option<(String, String)>,
+}
+
+/// The variant and version of a resource the client holds.
+type Held = (ConstraintKey, String);
+
+impl TypeState {
+    /// Records that the response being built leaves the client holding `held` for `l` (or not).
+    fn set_sent(&mut self, l: &Locator, held: Option<Held>) {
+        self.rejected.remove(l);
+        if self.sent.get(l) == held.as_ref() {
+            return;
+        }
+        self.unacked
+            .record(l, self.sent.get(l), self.last_nonce.as_deref());
+        match held {
+            Some(h) => self.sent.insert(l.clone(), h),
+            None => self.sent.remove(l),
+        };
+    }
+
+    /// Settles the response a request answers. On NACK the client keeps its previous state (B7),
+    /// so `sent` goes back to it; a later full-state response in flight supersedes it.
+    fn settle(&mut self, type_url: &str, nonce: &str, nacked: bool) {
+        self.unacked.seal(self.last_nonce.as_deref());
+        if !nacked {
+            self.unacked.ack(nonce);
+            return;
+        }
+        for (l, before) in self.unacked.nack(nonce, is_full_state(type_url)) {
+            self.rejected.insert(l.clone(), self.sent.get(&l).cloned());
+            match before {
+                Some(h) => self.sent.insert(l, h),
+                None => self.sent.remove(&l),
+            };
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -131,6 +177,12 @@ impl SotwStream {
                 ts.acked_nonce = Some(nonce.clone());
                 AckStatus::Ack { nonce }
             };
+            // Stale answers count too: a client answers every response, in order.
+            ts.settle(
+                &req.type_url,
+                &req.response_nonce,
+                req.error_detail.is_some(),
+            );
         }
         // B8: the first request of a type on a stream (fresh or reconnecting, whatever nonce it
         // carries) gets an answer; so does a request without a nonce.
@@ -158,6 +210,8 @@ impl SotwStream {
         } else if !wildcard && ts.wildcard {
             effects.release.push(Locator::plain(WILDCARD));
             ts.sent.retain(|l, _| subs.contains_key(l));
+            ts.rejected.retain(|l, _| subs.contains_key(l));
+            ts.unacked.retain(|l| subs.contains_key(l));
         }
         for added in subs.keys().filter(|l| !ts.subs.contains_key(*l)) {
             effects.acquire.push(added.clone());
@@ -170,6 +224,8 @@ impl SotwStream {
             ts.stamps.removed(removed);
             if !wildcard {
                 ts.sent.remove(removed);
+                ts.rejected.remove(removed);
+                ts.unacked.forget(removed);
             }
             ts.resend.remove(removed);
         }
@@ -228,8 +284,41 @@ impl SotwStream {
         }
     }
 
-    /// Builds the next response, in the same cross-type order as Delta (B14).
+    /// Builds the next response, in the same cross-type order as Delta (B14), with a nonce of this
+    /// stream's own sequence.
     pub fn next_response(&mut self, store: &Store) -> Option<wire::DiscoveryResponse> {
+        let mut resp = self.next_content(store)?;
+        self.nonce_seq += 1;
+        resp.nonce = self.nonce_seq.to_string();
+        self.sent(&resp.type_url, self.nonce_seq);
+        Some(resp)
+    }
+
+    /// The next response as a shared frame: every client due the same state of a type (all
+    /// wildcard clients after a change, say) gets the same bytes, encoded once.
+    pub fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
+        let resp = self.next_content(store)?;
+        let type_url = resp.type_url.clone();
+        let resources = resp.resources.len();
+        let (frame, shared) = store.frames().frame(Content::Sotw(resp), self.nonce_seq);
+        self.nonce_seq = frame.nonce;
+        self.sent(&type_url, frame.nonce);
+        Some(Outgoing {
+            frame,
+            type_url,
+            resources,
+            shared,
+        })
+    }
+
+    /// A response of `type_url` went out with `nonce`: ACKs and NACKs are judged against it.
+    fn sent(&mut self, type_url: &str, nonce: u64) {
+        if let Some(ts) = self.types.get_mut(type_url) {
+            ts.last_nonce = Some(nonce.to_string());
+        }
+    }
+
+    fn next_content(&mut self, store: &Store) -> Option<wire::DiscoveryResponse> {
         let mut order: Vec<String> = self
             .types
             .iter()
@@ -244,6 +333,8 @@ impl SotwStream {
         let wrap = self.wrap;
         let defaults = self.default_params.clone();
         let ts = self.types.get_mut(type_url)?;
+        // Changes staged by an earlier build belong to its response (or to none).
+        ts.unacked.seal(ts.last_nonce.as_deref());
         // (locator, by name): the requested set, plus every name of the type for a wildcard.
         let mut scope: BTreeMap<Locator, bool> = ts.subs.clone();
         if ts.wildcard {
@@ -339,10 +430,29 @@ impl SotwStream {
             let owed = ts.force || !ts.resend.is_empty();
             ts.dirty = false;
             ts.resend.clear();
-            if current == ts.sent && !owed && errors.is_empty() {
+            // Only what the client already rejected differs: wait for a real change (A31).
+            let unchanged = ts
+                .sent
+                .keys()
+                .chain(current.keys())
+                .filter(|l| current.get(*l) != ts.sent.get(*l))
+                .all(|l| ts.rejected.get(l) == Some(&current.get(l).cloned()));
+            if unchanged && !owed && errors.is_empty() {
                 return None;
             }
-            ts.sent = current;
+            ts.rejected.clear();
+            let gone: Vec<Locator> = ts
+                .sent
+                .keys()
+                .filter(|l| !current.contains_key(*l))
+                .cloned()
+                .collect();
+            for l in gone {
+                ts.set_sent(&l, None);
+            }
+            for (l, held) in current {
+                ts.set_sent(&l, Some(held));
+            }
         } else {
             for (l, by_name) in &scope {
                 match store.lookup_for(type_url, &l.name, &l.params) {
@@ -351,20 +461,21 @@ impl SotwStream {
                     }
                     Lookup::Present(r) => {
                         let resend = ts.resend.remove(l) || ts.force;
-                        let held = ts.sent.get(l);
-                        if resend || held != Some(&(r.key.clone(), r.version.clone())) {
+                        let now = Some((r.key.clone(), r.version.clone()));
+                        let changed =
+                            ts.sent.get(l) != now.as_ref() && ts.rejected.get(l) != Some(&now);
+                        if resend || changed {
                             if push(&mut out, r, *by_name) {
-                                ts.sent
-                                    .insert(l.clone(), (r.key.clone(), r.version.clone()));
+                                ts.set_sent(l, Some((r.key.clone(), r.version.clone())));
                             } else {
-                                ts.sent.remove(l);
+                                ts.set_sent(l, None);
                             }
                         }
                     }
                     // B3: a partial type cannot signal deletion; the client keeps what it has.
                     Lookup::Absent => {
                         ts.resend.remove(l);
-                        ts.sent.remove(l);
+                        ts.set_sent(l, None);
                     }
                     // Wait for the upstream; the resend mark stays until it arrives.
                     Lookup::Unknown => {}
@@ -380,14 +491,10 @@ impl SotwStream {
         ts.errors_sent.extend(errors.iter().map(|(n, _)| n.clone()));
         let errors = errors.into_iter().map(|(_, e)| e).collect();
         ts.force = false;
-        self.nonce_seq += 1;
-        let nonce = self.nonce_seq.to_string();
-        ts.last_nonce = Some(nonce.clone());
         Some(wire::DiscoveryResponse {
             version_info: version_of(&ts.sent),
             resources: out,
             type_url: type_url.to_string(),
-            nonce,
             resource_errors: errors,
             ..Default::default()
         })
@@ -435,6 +542,14 @@ impl SotwStream {
                 } else {
                     Vec::new()
                 },
+                rejected: if resources {
+                    ts.rejected
+                        .iter()
+                        .filter_map(|(l, h)| Some((l.name.clone(), h.as_ref()?.1.clone())))
+                        .collect()
+                } else {
+                    Vec::new()
+                },
             })
             .collect()
     }
@@ -451,7 +566,7 @@ impl SotwStream {
 
 /// A digest of what the client holds: equal content, equal version, on any replica (D8). Never
 /// empty, so a client never mistakes it for "no state" (B7).
-fn version_of(held: &BTreeMap<Locator, (ConstraintKey, String)>) -> String {
+fn version_of(held: &BTreeMap<Locator, Held>) -> String {
     let mut h = Sha256::new();
     for (l, (key, version)) in held {
         h.update(l.name.as_bytes());
@@ -462,7 +577,8 @@ fn version_of(held: &BTreeMap<Locator, (ConstraintKey, String)>) -> String {
             h.update(v.as_bytes());
             h.update([1]);
         }
-        h.update(key.to_string().as_bytes());
+        // Written into the digest, not formatted into a String: this runs per client per response.
+        let _ = write!(h, "{key}");
         h.update([0]);
         h.update(version.as_bytes());
         h.update([0]);

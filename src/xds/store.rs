@@ -11,6 +11,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::constraints::{self, ConstraintKey, Params, Selection};
+use super::frame::FrameCache;
 use super::resource::{CachedResource, Name, ResourceError};
 use crate::pb::discovery::{ResourceError as ResourceErrorProto, ResourceName};
 
@@ -47,10 +48,14 @@ struct TypeStore {
     /// The upstream has answered a wildcard subscription of this type at least once, so names it
     /// did not send are really not part of the wildcard set.
     wildcard_synced: bool,
-    /// The wildcard set came from a snapshot and the upstream has not answered the wildcard since:
-    /// good enough to answer an initial wildcard request, not to tell a client that a name it
-    /// holds is gone (it may be newer than the snapshot, D9).
+    /// The wildcard set came from a snapshot, or is served after the upstream left a mid-stream
+    /// `"*"` unanswered, and the upstream has not answered the wildcard since: good enough to
+    /// answer a wildcard request, not to tell a client that a name it holds is gone (it may be
+    /// newer than the snapshot, or not sent yet, D9).
     wildcard_restored: bool,
+    /// The largest encoded resource of the type seen so far: a bound that lets response building
+    /// skip per-name size checks while a response is far from its limit.
+    largest: usize,
 }
 
 /// Names whose content or existence changed in one upstream response.
@@ -134,6 +139,8 @@ pub struct Store {
     seq: u64,
     /// Variants dropped because their TTL ran out, for metrics.
     pub ttl_expired: u64,
+    /// Responses built from this store, framed once and shared by the streams due them.
+    frames: FrameCache,
 }
 
 static NO_PARAMS: std::sync::LazyLock<Params> = std::sync::LazyLock::new(Params::new);
@@ -152,13 +159,9 @@ impl Store {
             ..Store::default()
         };
         for (type_url, r) in resources {
-            let entry = store
-                .types
-                .entry(type_url)
-                .or_default()
-                .names
-                .entry(r.name.clone())
-                .or_default();
+            let ts = store.types.entry(type_url).or_default();
+            ts.largest = ts.largest.max(r.encoded.len());
+            let entry = ts.names.entry(r.name.clone()).or_default();
             entry.variants.insert(r.key.clone(), Arc::new(r));
         }
         store
@@ -168,6 +171,11 @@ impl Store {
     /// caches only, so the source serves such content to anyone.
     pub fn is_source(&self) -> bool {
         self.complete
+    }
+
+    /// The shared response frames built from this store's content.
+    pub fn frames(&self) -> &FrameCache {
+        &self.frames
     }
 
     /// The current sequence number: resources that arrive later have a larger `arrival`.
@@ -221,6 +229,11 @@ impl Store {
             .get(type_url)
             .and_then(|t| t.names.get(name))
             .map(|e| e.variants.contains_key(key))
+    }
+
+    /// The largest encoded resource of the type seen so far (an upper bound for any one of them).
+    pub fn largest_bytes(&self, type_url: &str) -> usize {
+        self.types.get(type_url).map_or(0, |t| t.largest)
     }
 
     /// Encoded bytes of every variant held for `name` (what keeping it costs).
@@ -400,6 +413,7 @@ impl Store {
             }
             r.arrival = seq;
             changed.push(r.name.clone());
+            ts.largest = ts.largest.max(r.encoded.len());
             entry.variants.insert(r.key.clone(), Arc::new(r));
         }
         for name in update.removed {
@@ -574,6 +588,7 @@ impl Store {
                 {
                     continue;
                 }
+                ts.largest = ts.largest.max(resource.encoded.len());
                 let entry = ts.names.entry(resource.name.clone()).or_default();
                 if let Some(at) = expires {
                     entry.expires.insert(resource.key.clone(), at);
@@ -585,6 +600,23 @@ impl Store {
             }
         }
         restored
+    }
+
+    /// The upstream left a `"*"` added mid-stream unanswered for [`super::interest::WILDCARD_WAIT`]
+    /// (it need not answer): serve what the cache holds to wildcard subscribers, without the
+    /// authority to remove names (A12). A later response of the type makes it authoritative.
+    pub fn serve_unanswered_wildcard(&mut self, type_url: &str) -> Option<ChangeSet> {
+        let ts = self.types.entry(type_url.to_string()).or_default();
+        if ts.wildcard_synced {
+            return None;
+        }
+        ts.wildcard_synced = true;
+        ts.wildcard_restored = true;
+        Some(ChangeSet {
+            type_url: type_url.to_string(),
+            wildcard_synced_now: true,
+            ..ChangeSet::default()
+        })
     }
 
     /// The upstream subscription for `name` lapsed: what is held may go stale, so drop it (D5).

@@ -2,15 +2,14 @@
 
 use super::constraints::Params;
 use super::delta::{ProtocolError, RequestEffects};
+use super::frame::Outgoing;
 use super::resource::{Locator, Name};
 use super::store::{ChangeSet, Store};
 use crate::pb::core::Node;
 use crate::pb::discovery::{DeltaDiscoveryRequest, DiscoveryRequest};
-use crate::pb::wire;
 
 pub trait StreamCore {
     type Request;
-    type Response;
 
     /// A fresh state machine for a stream opened by `node`; plain-name subscriptions carry
     /// `default_params` (empty unless derived from node metadata).
@@ -19,8 +18,11 @@ pub trait StreamCore {
     fn on_change(&mut self, changes: &ChangeSet);
     /// Re-examine everything of a type (the change notifications for it were collapsed).
     fn mark_all_pending(&mut self, type_url: &str);
-    /// The next response to write, built from the store now; `None` if nothing is due.
-    fn next_response(&mut self, store: &Store) -> Option<Self::Response>;
+    /// The next response to write, built from the store now and framed through its shared frame
+    /// cache; `None` if nothing is due.
+    fn next_frame(&mut self, store: &Store) -> Option<Outgoing>;
+    /// Keep responses within the client's receive limit where the protocol allows splitting.
+    fn limit_response_bytes(&mut self, _bytes: usize) {}
     /// Every subscription the stream holds, released when it ends.
     fn subscriptions(&self) -> Vec<(String, Locator)>;
     /// The group applied the latest subscriptions when its store was at `seq` (D2).
@@ -51,6 +53,9 @@ pub struct TypeSnapshot {
     pub resources: Vec<(Name, String)>,
     /// Explicitly subscribed names not sent yet; filled only when asked for resources.
     pub waiting: Vec<Name>,
+    /// (name, version) the client rejected and did not take: it still holds what `resources`
+    /// says (or nothing). Filled only when asked for resources.
+    pub rejected: Vec<(Name, String)>,
 }
 
 /// What the adapter reads from any xDS request.
@@ -64,14 +69,8 @@ pub trait XdsRequest {
     }
 }
 
-/// What the adapter logs about any xDS response: (type_url, nonce, resources).
-pub trait XdsResponse {
-    fn summary(&self) -> (&str, &str, usize);
-}
-
 impl StreamCore for super::DeltaStream {
     type Request = DeltaDiscoveryRequest;
-    type Response = wire::DeltaDiscoveryResponse;
 
     fn for_node(_: &Node, default_params: Params) -> Self {
         Self::with_default_params(default_params)
@@ -85,8 +84,11 @@ impl StreamCore for super::DeltaStream {
     fn mark_all_pending(&mut self, type_url: &str) {
         super::DeltaStream::mark_all_pending(self, type_url)
     }
-    fn next_response(&mut self, store: &Store) -> Option<Self::Response> {
-        super::DeltaStream::next_response(self, store)
+    fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
+        super::DeltaStream::next_frame(self, store)
+    }
+    fn limit_response_bytes(&mut self, bytes: usize) {
+        self.max_response_bytes = bytes;
     }
     fn subscriptions(&self) -> Vec<(String, Locator)> {
         super::DeltaStream::subscriptions(self)
@@ -104,7 +106,6 @@ impl StreamCore for super::DeltaStream {
 
 impl StreamCore for super::SotwStream {
     type Request = DiscoveryRequest;
-    type Response = wire::DiscoveryResponse;
 
     fn for_node(node: &Node, default_params: Params) -> Self {
         super::SotwStream::for_node(node, default_params)
@@ -118,8 +119,8 @@ impl StreamCore for super::SotwStream {
     fn mark_all_pending(&mut self, type_url: &str) {
         super::SotwStream::mark_all_pending(self, type_url)
     }
-    fn next_response(&mut self, store: &Store) -> Option<Self::Response> {
-        super::SotwStream::next_response(self, store)
+    fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
+        super::SotwStream::next_frame(self, store)
     }
     fn subscriptions(&self) -> Vec<(String, Locator)> {
         super::SotwStream::subscriptions(self)
@@ -153,21 +154,5 @@ impl XdsRequest for DiscoveryRequest {
     }
     fn type_url_mut(&mut self) -> &mut String {
         &mut self.type_url
-    }
-}
-
-impl XdsResponse for wire::DeltaDiscoveryResponse {
-    fn summary(&self) -> (&str, &str, usize) {
-        (
-            &self.type_url,
-            &self.nonce,
-            self.resources.len() + self.removed_resources.len(),
-        )
-    }
-}
-
-impl XdsResponse for wire::DiscoveryResponse {
-    fn summary(&self) -> (&str, &str, usize) {
-        (&self.type_url, &self.nonce, self.resources.len())
     }
 }

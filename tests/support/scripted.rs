@@ -64,6 +64,8 @@ pub struct Harness {
     pub requests: UnboundedReceiverStream<DeltaDiscoveryRequest>,
     pub relay: RelayUnderTest,
     pub nonce: u32,
+    /// The scripted control plane's address (to start another relay against it).
+    pub upstream: std::net::SocketAddr,
 }
 
 pub fn res(name: &str, version: &str, type_url: &str) -> Vec<u8> {
@@ -112,6 +114,7 @@ impl Harness {
             requests: UnboundedReceiverStream::new(rrx),
             relay,
             nonce: 0,
+            upstream: addr,
         }
     }
 

@@ -13,15 +13,14 @@ use adsrelay_bench::phase::{self, Target};
 use adsrelay_bench::progress::Progress;
 use adsrelay_bench::relay_proc::CHILD_PID;
 use adsrelay_bench::report::{self, RunReport};
+use adsrelay_bench::server_proc::{self, Baseline};
 use adsrelay_bench::workload::Workload;
 use adsrelay_bench::{plot, procfs};
 
-/// Files the loadgen process needs: its end of every connection, plus the server end for the
-/// in-process targets (direct, floor), plus some slack.
+/// Files the loadgen process needs: its end of every connection (every server runs in a process
+/// of its own), plus some slack.
 fn files_needed(args: &Args) -> u64 {
-    let conns = u64::from(args.connections());
-    let per_conn = if args.compare { 2 } else { 1 };
-    conns * per_conn + 256
+    u64::from(args.connections()) + 256
 }
 
 fn watchdog(max: Duration) {
@@ -39,6 +38,21 @@ fn watchdog(max: Duration) {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(which) = args.serve {
+        // A baseline's child process (see server_proc).
+        procfs::raise_nofile();
+        let Some(w) = args.serve_workload.as_deref() else {
+            eprintln!("loadgen: --serve needs --serve-workload");
+            return ExitCode::from(64);
+        };
+        return match serde_json::from_str(w) {
+            Ok(w) => server_proc::serve(which, w).await,
+            Err(e) => {
+                eprintln!("loadgen: --serve-workload: {e}");
+                ExitCode::from(64)
+            }
+        };
+    }
     if let Err(e) = args.validate() {
         eprintln!("loadgen: {e}");
         return ExitCode::from(64);
@@ -52,11 +66,10 @@ async fn main() -> ExitCode {
             (u64::from(args.clients) * per_conn).div_ceil(limit.saturating_sub(256).max(1));
         eprintln!(
             "loadgen: {} clients on {} connections (--streams-per-connection {k}) need about {need} open files \
-             in this process{}, but the limit is {limit}.\n\
+             in this process, but the limit is {limit}.\n\
              Share connections: --streams-per-connection {} or more, or lower --clients.",
             args.clients,
             args.connections(),
-            if args.compare { " (the direct and floor phases hold both ends of every connection)" } else { "" },
             suggest.max(u64::from(k) + 1)
         );
         return ExitCode::from(64);
@@ -85,14 +98,17 @@ async fn main() -> ExitCode {
         args.protocol,
         args.connections()
     ));
-    let targets: &[Target] = if args.compare {
-        &[Target::Relay, Target::Direct, Target::Floor]
-    } else {
-        &[Target::Relay]
-    };
+    let mut targets = vec![Target::Relay];
+    if args.compare {
+        targets.push(Target::Baseline(Baseline::Plain));
+        targets.push(Target::Baseline(Baseline::Floor));
+        if args.with_demo {
+            targets.push(Target::Baseline(Baseline::Demo));
+        }
+    }
     let mut phases = Vec::new();
     let mut failed = false;
-    for &t in targets {
+    for t in targets {
         match phase::run(t, &args, workload.clone(), &progress).await {
             Ok(p) => phases.push(p),
             Err(e) => {
