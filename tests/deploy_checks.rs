@@ -403,13 +403,15 @@ fn dockerignore_model_matches_docker_semantics() {
 
 /// The image's build context, assembled exactly as deploy/Dockerfile sees it (the repository root
 /// filtered by deploy/Dockerfile.dockerignore, then the builder stage's COPY instructions), resolves
-/// with `cargo metadata --locked` and builds the relay with `cargo build --locked`. This is what a
-/// `docker build` runs first; no Docker engine runs in CI here, so the engine itself is not used.
-/// The build shares this repository's target directory (CARGO_TARGET_DIR), so dependencies are
-/// reused; only the relay library is built, so the repository's own `target/debug/adsrelay` is
-/// not replaced by this copy's. The context lives at a fixed path under target/ with the files'
-/// own modification times, so a re-run recompiles only what changed; git is kept from finding
-/// this repository there (GIT_CEILING_DIRECTORIES), as in a Docker build, which has no .git.
+/// with `cargo metadata --locked` and compiles with `cargo check --locked` (build.rs, proto/,
+/// every source and embedded file: what a missing file breaks). This is what a `docker build`
+/// runs; no Docker engine runs in CI here, so the engine itself is not used.
+/// The check has a target directory of its own under target/: cargo hashes a path package by its
+/// place in the workspace, so in the repository's target directory this copy of `adsrelay`
+/// would overwrite the repository's own build. Its first run compiles the dependencies (in check
+/// mode); the context lives at a fixed path with the files' own modification times, so later runs
+/// redo only what changed. git is kept from finding this repository there
+/// (GIT_CEILING_DIRECTORIES), as in a Docker build, which has no .git.
 #[test]
 fn image_build_context_is_complete() {
     let rules = dockerignore_rules(&read("deploy/Dockerfile.dockerignore"));
@@ -510,24 +512,23 @@ fn image_build_context_is_complete() {
     );
     let mut build = Command::new(&cargo);
     // The variables cargo sets for this test (CARGO_MANIFEST_DIR, OUT_DIR, ...) must not reach
-    // the build: build scripts that watch them (ring's) would re-run, and the dependencies be
-    // rebuilt by this build and again by every other build in the shared target directory.
+    // the build: build scripts that watch them (ring's) would re-run on every run.
     for (k, _) in std::env::vars()
         .filter(|(k, _)| (k.starts_with("CARGO_") && k != "CARGO_HOME") || k == "OUT_DIR")
     {
         build.env_remove(k);
     }
     let build = build
-        .args(["build", "--locked", "--lib", "-p", "adsrelay"])
-        .env("CARGO_TARGET_DIR", root().join("target"))
+        .args(["check", "--locked", "--lib", "--bins", "-p", "adsrelay"])
+        .env("CARGO_TARGET_DIR", root().join("target/image-build-check"))
         .env("GIT_CEILING_DIRECTORIES", &context)
         .env_remove("ADSRELAY_GIT_COMMIT")
         .current_dir(&src_dir)
         .output()
-        .expect("run cargo build");
+        .expect("run cargo check");
     assert!(
         build.status.success(),
-        "cargo build --locked fails in the image build context: {}",
+        "cargo check --locked fails in the image build context: {}",
         String::from_utf8_lossy(&build.stderr)
     );
 }
