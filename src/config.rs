@@ -1,5 +1,6 @@
-//! Command line and config file -> validated [`Config`]. Every error names the flag or the file and
-//! field it came from. Flags override the file.
+//! Command line, `ADSRELAY_*` environment and config file -> validated [`Config`], with one
+//! precedence: flag > environment variable > file > default. Every error names the flag, the
+//! variable or the file, and the field it came from.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -8,8 +9,18 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
+pub mod effective;
+
+/// `adsrelay --version`: the crate version and the git commit it was built from (build.rs).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("ADSRELAY_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
-#[command(name = "adsrelay", version, about = "A caching xDS relay", long_about = None)]
+#[command(name = "adsrelay", version = VERSION, about = "A caching xDS relay", long_about = None)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(subcommand)]
@@ -23,6 +34,10 @@ pub enum Command {
     /// Run a demo: an embedded control plane with example resources, a backend, and the relay in
     /// front of them. Prints how to point an Envoy at it.
     Demo(DemoArgs),
+    /// Validate the configuration (flags, ADSRELAY_* environment, config file) without binding
+    /// anything; print the effective settings and where each came from. Exits 0 if valid, 64 if
+    /// not.
+    CheckConfig(Box<RelayArgs>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize, Default)]
@@ -37,111 +52,186 @@ pub enum LogFormat {
 pub struct RelayArgs {
     /// Upstream xDS control plane, `host:port` or `http://host:port`. The relay keeps retrying
     /// until it is reachable.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", env = "ADSRELAY_UPSTREAM")]
     pub upstream: Option<String>,
     /// Address for downstream xDS clients (gRPC) [default: 0.0.0.0:18000]
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", env = "ADSRELAY_LISTEN")]
     pub listen: Option<String>,
     /// Address for the admin HTTP server (/healthz, /readyz) [default: 127.0.0.1:9902]
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", env = "ADSRELAY_ADMIN")]
     pub admin: Option<String>,
     /// `node.id` the relay presents upstream; `node.cluster` is the aggregation group [default:
     /// adsrelay]
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", env = "ADSRELAY_NODE_ID")]
     pub node_id: Option<String>,
     /// How long the relay stays subscribed upstream after the last client left a resource, e.g.
     /// `30s`, `500ms`, `0s` [default: 5m]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "ADSRELAY_UNSUBSCRIBE_LINGER")]
     pub unsubscribe_linger: Option<String>,
     /// Per group: encoded bytes of resources no client subscribes to that the relay keeps
     /// (least recently left evicted first); 0 keeps none [default: 67108864]
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", env = "ADSRELAY_UNSUBSCRIBED_CACHE_BYTES")]
     pub unsubscribed_cache_bytes: Option<usize>,
     /// Largest xDS message accepted or sent, in bytes [default: 67108864]
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", env = "ADSRELAY_MAX_MESSAGE_BYTES")]
     pub max_message_bytes: Option<usize>,
     /// Node metadata key whose value becomes a dynamic parameter of the client's plain-name
     /// subscriptions (TP2 migration path); repeatable
-    #[arg(long = "param-from-metadata", value_name = "KEY")]
+    #[arg(
+        long = "param-from-metadata",
+        value_name = "KEY",
+        env = "ADSRELAY_PARAM_FROM_METADATA",
+        value_delimiter = ','
+    )]
     pub params_from_metadata: Vec<String>,
     /// Log format [default: text]; the level comes from RUST_LOG (default `info`)
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, env = "ADSRELAY_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
     /// Open downstream connections; further ones are closed at once [default: 20000]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "ADSRELAY_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
     /// Concurrent HTTP/2 streams per downstream connection [default: 100]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "ADSRELAY_MAX_STREAMS_PER_CONNECTION")]
     pub max_streams_per_connection: Option<u32>,
     /// Subscriptions one stream may hold, all types together [default: 100000]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "ADSRELAY_MAX_SUBSCRIPTIONS_PER_STREAM")]
     pub max_subscriptions_per_stream: Option<usize>,
     /// Longest resource name, type_url or locator parameter in a request, in bytes [default: 4096]
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", env = "ADSRELAY_MAX_NAME_BYTES")]
     pub max_name_bytes: Option<usize>,
     /// File descriptors kept free for the admin port, the upstream and snapshots: new client
     /// connections are closed at once when fewer are free; 0 disables it [default: 64]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "ADSRELAY_FD_RESERVE")]
     pub fd_reserve: Option<u64>,
     /// Sustained requests per second per stream; 0 disables the limit [default: 100]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "ADSRELAY_MAX_REQUESTS_PER_SECOND")]
     pub max_requests_per_second: Option<u32>,
     /// Requests per stream allowed in a burst above the sustained rate [default: 1000]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "ADSRELAY_REQUEST_BURST")]
     pub request_burst: Option<u32>,
     /// End a stream whose responses the client has not read for this long; 0s disables it
     /// [default: 60s]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "ADSRELAY_STUCK_CLIENT_TIMEOUT")]
     pub stuck_client_timeout: Option<String>,
     /// On SIGTERM, close client connections gradually over this period, then exit [default: 10s]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "ADSRELAY_DRAIN_PERIOD")]
     pub drain_period: Option<String>,
-    /// TOML config file; flags override its values
-    #[arg(long, value_name = "FILE")]
+    /// TOML config file; flags and ADSRELAY_* variables override its values
+    #[arg(long, value_name = "FILE", env = "ADSRELAY_CONFIG")]
     pub config: Option<PathBuf>,
     /// Warm restart: persist the cache to this file and serve from it after a restart (off unless
     /// set)
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "ADSRELAY_SNAPSHOT_PATH")]
     pub snapshot_path: Option<PathBuf>,
     /// How often the snapshot is rewritten (also written on graceful shutdown) [default: 30s]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "ADSRELAY_SNAPSHOT_INTERVAL")]
     pub snapshot_interval: Option<String>,
     /// A snapshot older than this is not loaded [default: 1h]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "ADSRELAY_SNAPSHOT_MAX_STALENESS")]
     pub snapshot_max_staleness: Option<String>,
+    /// Control-plane addresses in failover order (comma-separated or repeated); the first is the
+    /// upstream [default: --upstream alone]
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "ADSRELAY_UPSTREAMS",
+        value_delimiter = ','
+    )]
+    pub upstreams: Vec<String>,
+    /// First upstream reconnect delay [default: 250ms]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        env = "ADSRELAY_UPSTREAM_BACKOFF_INITIAL"
+    )]
+    pub upstream_backoff_initial: Option<String>,
+    /// Longest upstream reconnect delay [default: 30s]
+    #[arg(long, value_name = "DURATION", env = "ADSRELAY_UPSTREAM_BACKOFF_MAX")]
+    pub upstream_backoff_max: Option<String>,
+    /// Node metadata keys that split the implicit group (comma-separated or repeated)
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "ADSRELAY_GROUP_METADATA_KEYS",
+        value_delimiter = ','
+    )]
+    pub group_metadata_keys: Vec<String>,
+    /// What happens to a client no `[[groups]]` rule matches [default: reject]
+    #[arg(long, value_enum, env = "ADSRELAY_UNMATCHED")]
+    pub unmatched: Option<crate::grouping::Unmatched>,
+    /// New downstream streams admitted per second; 0 disables the limit [default: 5000]
+    #[arg(long, value_name = "N", env = "ADSRELAY_MAX_NEW_STREAMS_PER_SECOND")]
+    pub max_new_streams_per_second: Option<f64>,
+    /// New streams admitted in a burst above that rate [default: 10000]
+    #[arg(long, value_name = "N", env = "ADSRELAY_NEW_STREAMS_BURST")]
+    pub new_streams_burst: Option<u32>,
+    /// Periodic reconciliation with the upstream; 0s turns it off [default: 0s]
+    #[arg(long, value_name = "DURATION", env = "ADSRELAY_RESYNC_INTERVAL")]
+    pub resync_interval: Option<String>,
+    /// HTTP/2 keepalive ping interval on the upstream connection [default: 30s]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        env = "ADSRELAY_UPSTREAM_KEEPALIVE_INTERVAL"
+    )]
+    pub upstream_keepalive_interval: Option<String>,
+    /// Upstream keepalive ping timeout [default: 10s]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        env = "ADSRELAY_UPSTREAM_KEEPALIVE_TIMEOUT"
+    )]
+    pub upstream_keepalive_timeout: Option<String>,
+    /// Send a downstream connection an HTTP/2 GOAWAY after about this long (up to 10% earlier,
+    /// at random), so clients reconnect through the load balancer and spread over replicas; 0s
+    /// turns it off [default: 0s]
+    #[arg(long, value_name = "DURATION", env = "ADSRELAY_MAX_CONNECTION_AGE")]
+    pub max_connection_age: Option<String>,
+    /// After the GOAWAY, how long in-flight streams may finish before the connection is closed
+    /// [default: 30s]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        env = "ADSRELAY_MAX_CONNECTION_AGE_GRACE"
+    )]
+    pub max_connection_age_grace: Option<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// Ids of the flags above whose value came from their `ADSRELAY_*` environment variable, so
+    /// errors name the variable (filled by [`RelayArgs::from_matches`]).
+    #[arg(skip)]
+    pub from_env: std::collections::BTreeSet<String>,
 }
 
 /// TLS flags (README "TLS and mTLS"); each has a config file key with underscores.
 #[derive(Debug, Default, Args)]
 pub struct TlsArgs {
     /// Serve downstream xDS over TLS with this PEM certificate chain (needs --tls-key)
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "ADSRELAY_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "ADSRELAY_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
     /// Require client certificates signed by this PEM CA bundle (mTLS)
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "ADSRELAY_TLS_CLIENT_CA")]
     pub tls_client_ca: Option<PathBuf>,
     /// How often the TLS files are checked for changes [default: 10s]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "ADSRELAY_TLS_RELOAD_INTERVAL")]
     pub tls_reload_interval: Option<String>,
     /// Connect to the upstream over TLS (implied by an https:// address)
-    #[arg(long)]
+    #[arg(long, env = "ADSRELAY_UPSTREAM_TLS")]
     pub upstream_tls: bool,
     /// PEM CA bundle that verifies the upstream's certificate [default: the system roots]
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "ADSRELAY_UPSTREAM_CA")]
     pub upstream_ca: Option<PathBuf>,
     /// PEM client certificate presented upstream (mTLS; needs --upstream-key)
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "ADSRELAY_UPSTREAM_CERT")]
     pub upstream_cert: Option<PathBuf>,
     /// PEM private key of --upstream-cert
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "ADSRELAY_UPSTREAM_KEY")]
     pub upstream_key: Option<PathBuf>,
     /// Name sent as SNI and required in the upstream's certificate [default: the address's host]
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", env = "ADSRELAY_UPSTREAM_SERVER_NAME")]
     pub upstream_server_name: Option<String>,
 }
 
@@ -205,6 +295,8 @@ struct FileConfig {
     snapshot_path: Option<PathBuf>,
     snapshot_interval: Option<String>,
     snapshot_max_staleness: Option<String>,
+    max_connection_age: Option<String>,
+    max_connection_age_grace: Option<String>,
     // TLS; see `apply_tls`.
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
@@ -316,6 +408,10 @@ pub struct Limits {
     pub stuck_client_timeout: Duration,
     /// Graceful shutdown spreads connection closes over this period.
     pub drain_period: Duration,
+    /// GOAWAY a downstream connection after this long (less up to 10% jitter); `None` = never.
+    pub max_connection_age: Option<Duration>,
+    /// How long in-flight streams may run after that GOAWAY.
+    pub max_connection_age_grace: Duration,
     /// File descriptors kept free for the admin port, upstream connections and snapshot files:
     /// a new client connection is closed at once when fewer would remain. 0 disables it.
     pub fd_reserve: u64,
@@ -332,12 +428,22 @@ impl Default for Limits {
             request_burst: 1000,
             stuck_client_timeout: Duration::from_secs(60),
             drain_period: Duration::from_secs(10),
+            max_connection_age: None,
+            max_connection_age_grace: Duration::from_secs(30),
             fd_reserve: 64,
         }
     }
 }
 
 impl Limits {
+    /// `max_connection_age` less a random 0-10%, drawn once per process: tonic applies one age
+    /// to every connection, so this spreads replicas (and restarts) apart; connections of one
+    /// replica are spread by when they were accepted.
+    pub fn connection_age_jittered(&self) -> Option<Duration> {
+        self.max_connection_age
+            .map(|age| age.mul_f64(1.0 - rand::random::<f64>() * 0.1))
+    }
+
     /// The per-stream part, as the stream driver applies it.
     pub fn stream(&self) -> crate::downstream::limits::StreamLimits {
         crate::downstream::limits::StreamLimits {
@@ -426,8 +532,58 @@ fn invalid(origin: &str, field: &'static str, message: impl Into<String>) -> Con
     }
 }
 
+impl ConfigError {
+    /// Names the `ADSRELAY_*` variable instead of the flag when the value came from it.
+    fn naming_env(self, env: &std::collections::BTreeSet<String>) -> Self {
+        match self {
+            ConfigError::Invalid {
+                origin,
+                field,
+                message,
+            } => {
+                let origin = match origin.strip_prefix("--") {
+                    Some(flag) if env.contains(flag) => env_var(flag),
+                    _ => origin,
+                };
+                ConfigError::Invalid {
+                    origin,
+                    field,
+                    message,
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+/// The environment variable of a long flag: `--node-id` reads `ADSRELAY_NODE_ID`.
+pub fn env_var(flag: &str) -> String {
+    format!("ADSRELAY_{}", flag.replace('-', "_").to_ascii_uppercase())
+}
+
 impl RelayArgs {
-    pub fn into_config(self) -> Result<Config, ConfigError> {
+    /// The parsed flags, remembering which ones were read from their environment variable.
+    pub fn from_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        use clap::FromArgMatches;
+        let mut args = RelayArgs::from_arg_matches(m)?;
+        let cmd = <RelayArgs as clap::Args>::augment_args(clap::Command::new("adsrelay"));
+        args.from_env = cmd
+            .get_arguments()
+            .filter(|a| {
+                m.value_source(a.get_id().as_str()) == Some(clap::parser::ValueSource::EnvVariable)
+            })
+            .filter_map(|a| a.get_long().map(str::to_string))
+            .collect();
+        Ok(args)
+    }
+
+    /// Validates flags (and their `ADSRELAY_*` variables) over the config file over defaults.
+    pub fn into_config(mut self) -> Result<Config, ConfigError> {
+        let env = std::mem::take(&mut self.from_env);
+        self.build().map_err(|e| e.naming_env(&env))
+    }
+
+    fn build(self) -> Result<Config, ConfigError> {
         let (file, path) = match &self.config {
             Some(p) => (read_file(p)?, p.display().to_string()),
             None => (FileConfig::default(), "config file".to_string()),
@@ -435,7 +591,13 @@ impl RelayArgs {
         let file_upstream = file
             .upstream
             .or_else(|| file.upstreams.as_ref().and_then(|u| u.first().cloned()));
-        let upstream = pick(self.upstream, "upstream", file_upstream, &path).ok_or_else(|| {
+        let flag_upstreams = (!self.upstreams.is_empty()).then(|| Sourced {
+            value: self.upstreams,
+            origin: "--upstreams".to_string(),
+        });
+        let first_listed = flag_upstreams.as_ref().map(|l| l.value[0].clone());
+        let flag_upstream = self.upstream.or(first_listed);
+        let upstream = pick(flag_upstream, "upstream", file_upstream, &path).ok_or_else(|| {
             invalid(
                 "command line",
                 "upstream",
@@ -505,13 +667,26 @@ impl RelayArgs {
                 format!("{k:?}: keys must not be empty"),
             ));
         }
-        if let Some(v) = file.upstream_backoff_initial {
-            cfg.backoff_initial =
-                parse_duration(&v).map_err(|m| invalid(&path, "upstream_backoff_initial", m))?;
+        let mut backoff_origin = path.clone();
+        if let Some(s) = pick(
+            self.upstream_backoff_initial,
+            "upstream-backoff-initial",
+            file.upstream_backoff_initial,
+            &path,
+        ) {
+            cfg.backoff_initial = parse_duration(&s.value)
+                .map_err(|m| invalid(&s.origin, "upstream_backoff_initial", m))?;
+            backoff_origin = s.origin;
         }
-        if let Some(v) = file.upstream_backoff_max {
-            cfg.backoff_max =
-                parse_duration(&v).map_err(|m| invalid(&path, "upstream_backoff_max", m))?;
+        if let Some(s) = pick(
+            self.upstream_backoff_max,
+            "upstream-backoff-max",
+            file.upstream_backoff_max,
+            &path,
+        ) {
+            cfg.backoff_max = parse_duration(&s.value)
+                .map_err(|m| invalid(&s.origin, "upstream_backoff_max", m))?;
+            backoff_origin = s.origin;
         }
         {
             let l = &mut cfg.limits;
@@ -606,10 +781,36 @@ impl RelayArgs {
                 l.drain_period =
                     parse_duration(&s.value).map_err(|m| invalid(&s.origin, "drain_period", m))?;
             }
+            if let Some(s) = pick(
+                self.max_connection_age,
+                "max-connection-age",
+                file.max_connection_age,
+                &path,
+            ) {
+                let d = parse_duration(&s.value)
+                    .map_err(|m| invalid(&s.origin, "max_connection_age", m))?;
+                if !d.is_zero() && d < Duration::from_secs(1) {
+                    return Err(invalid(
+                        &s.origin,
+                        "max_connection_age",
+                        format!("{:?} is too short (minimum 1s; 0s turns it off)", s.value),
+                    ));
+                }
+                l.max_connection_age = (!d.is_zero()).then_some(d);
+            }
+            if let Some(s) = pick(
+                self.max_connection_age_grace,
+                "max-connection-age-grace",
+                file.max_connection_age_grace,
+                &path,
+            ) {
+                l.max_connection_age_grace = parse_duration(&s.value)
+                    .map_err(|m| invalid(&s.origin, "max_connection_age_grace", m))?;
+            }
         }
         if cfg.backoff_initial.is_zero() || cfg.backoff_max < cfg.backoff_initial {
             return Err(invalid(
-                &path,
+                &backoff_origin,
                 "upstream_backoff_max",
                 "backoff must satisfy 0 < upstream_backoff_initial <= upstream_backoff_max",
             ));
@@ -646,19 +847,57 @@ impl RelayArgs {
             upstream_key: file.upstream_key,
             upstream_server_name: file.upstream_server_name,
         };
+        // A flag-level upstream replaces the file's whole failover list.
         let upstream_from_flag = upstream.origin.starts_with("--");
+        let file_upstreams = file.upstreams.filter(|_| !upstream_from_flag);
+        let nonempty = |v: Vec<String>| (!v.is_empty()).then_some(v);
         apply_groups_and_resilience(
             &mut cfg,
             ExtraFile {
-                upstreams: file.upstreams.filter(|_| !upstream_from_flag),
+                upstreams: flag_upstreams.or_else(|| {
+                    file_upstreams.map(|value| Sourced {
+                        value,
+                        origin: path.clone(),
+                    })
+                }),
                 groups: file.groups,
-                group_metadata_keys: file.group_metadata_keys,
-                unmatched: file.unmatched,
-                max_new_streams_per_second: file.max_new_streams_per_second,
-                new_streams_burst: file.new_streams_burst,
-                resync_interval: file.resync_interval,
-                upstream_keepalive_interval: file.upstream_keepalive_interval,
-                upstream_keepalive_timeout: file.upstream_keepalive_timeout,
+                group_metadata_keys: pick(
+                    nonempty(self.group_metadata_keys),
+                    "group-metadata-keys",
+                    file.group_metadata_keys,
+                    &path,
+                ),
+                unmatched: self.unmatched.or(file.unmatched),
+                max_new_streams_per_second: pick(
+                    self.max_new_streams_per_second,
+                    "max-new-streams-per-second",
+                    file.max_new_streams_per_second,
+                    &path,
+                ),
+                new_streams_burst: pick(
+                    self.new_streams_burst,
+                    "new-streams-burst",
+                    file.new_streams_burst,
+                    &path,
+                ),
+                resync_interval: pick(
+                    self.resync_interval,
+                    "resync-interval",
+                    file.resync_interval,
+                    &path,
+                ),
+                upstream_keepalive_interval: pick(
+                    self.upstream_keepalive_interval,
+                    "upstream-keepalive-interval",
+                    file.upstream_keepalive_interval,
+                    &path,
+                ),
+                upstream_keepalive_timeout: pick(
+                    self.upstream_keepalive_timeout,
+                    "upstream-keepalive-timeout",
+                    file.upstream_keepalive_timeout,
+                    &path,
+                ),
             },
             &path,
         )?;
@@ -851,17 +1090,18 @@ fn with_https(uri: &http::Uri) -> http::Uri {
     http::Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
 }
 
-/// The config file keys of "Groups and resilience" (issue 5).
+/// The settings of "Groups and resilience" (issue 5), each from a flag or the file.
 struct ExtraFile {
-    upstreams: Option<Vec<String>>,
+    upstreams: Option<Sourced<Vec<String>>>,
+    /// Structured tables: file only.
     groups: Option<Vec<crate::grouping::GroupRule>>,
-    group_metadata_keys: Option<Vec<String>>,
+    group_metadata_keys: Option<Sourced<Vec<String>>>,
     unmatched: Option<crate::grouping::Unmatched>,
-    max_new_streams_per_second: Option<f64>,
-    new_streams_burst: Option<u32>,
-    resync_interval: Option<String>,
-    upstream_keepalive_interval: Option<String>,
-    upstream_keepalive_timeout: Option<String>,
+    max_new_streams_per_second: Option<Sourced<f64>>,
+    new_streams_burst: Option<Sourced<u32>>,
+    resync_interval: Option<Sourced<String>>,
+    upstream_keepalive_interval: Option<Sourced<String>>,
+    upstream_keepalive_timeout: Option<Sourced<String>>,
 }
 
 fn apply_groups_and_resilience(
@@ -869,13 +1109,21 @@ fn apply_groups_and_resilience(
     f: ExtraFile,
     path: &str,
 ) -> Result<(), ConfigError> {
-    if let Some(list) = f.upstreams {
+    if let Some(Sourced {
+        value: list,
+        origin,
+    }) = f.upstreams
+    {
         if list.is_empty() {
-            return Err(invalid(path, "upstreams", "must list at least one address"));
+            return Err(invalid(
+                &origin,
+                "upstreams",
+                "must list at least one address",
+            ));
         }
         cfg.upstreams = list
             .iter()
-            .map(|u| parse_upstream(u).map_err(|m| invalid(path, "upstreams", m)))
+            .map(|u| parse_upstream(u).map_err(|m| invalid(&origin, "upstreams", m)))
             .collect::<Result<_, _>>()?;
         cfg.upstream = cfg.upstreams[0].clone();
     }
@@ -891,10 +1139,14 @@ fn apply_groups_and_resilience(
         }
         cfg.grouping.rules = rules;
     }
-    if let Some(keys) = f.group_metadata_keys {
+    if let Some(Sourced {
+        value: keys,
+        origin,
+    }) = f.group_metadata_keys
+    {
         if keys.iter().any(String::is_empty) {
             return Err(invalid(
-                path,
+                &origin,
                 "group_metadata_keys",
                 "keys must not be empty",
             ));
@@ -905,40 +1157,40 @@ fn apply_groups_and_resilience(
         cfg.grouping.unmatched = u;
     }
     let r = &mut cfg.resilience;
-    if let Some(v) = f.max_new_streams_per_second {
+    if let Some(Sourced { value: v, origin }) = f.max_new_streams_per_second {
         if !v.is_finite() || v < 0.0 {
             return Err(invalid(
-                path,
+                &origin,
                 "max_new_streams_per_second",
                 format!("{v} must be >= 0 (0 disables the limit)"),
             ));
         }
         r.max_new_streams_per_second = v;
     }
-    if let Some(v) = f.new_streams_burst {
+    if let Some(Sourced { value: v, origin }) = f.new_streams_burst {
         if v == 0 {
-            return Err(invalid(path, "new_streams_burst", "must be at least 1"));
+            return Err(invalid(&origin, "new_streams_burst", "must be at least 1"));
         }
         r.new_streams_burst = v;
     }
-    if let Some(v) = f.resync_interval {
-        let d = parse_duration(&v).map_err(|m| invalid(path, "resync_interval", m))?;
+    if let Some(Sourced { value: v, origin }) = f.resync_interval {
+        let d = parse_duration(&v).map_err(|m| invalid(&origin, "resync_interval", m))?;
         if !d.is_zero() && d < Duration::from_secs(1) {
             return Err(invalid(
-                path,
+                &origin,
                 "resync_interval",
                 format!("{v:?} is too short (minimum 1s; 0s turns resync off)"),
             ));
         }
         r.resync_interval = (!d.is_zero()).then_some(d);
     }
-    if let Some(v) = f.upstream_keepalive_interval {
+    if let Some(Sourced { value: v, origin }) = f.upstream_keepalive_interval {
         r.upstream_keepalive_interval =
-            parse_duration(&v).map_err(|m| invalid(path, "upstream_keepalive_interval", m))?;
+            parse_duration(&v).map_err(|m| invalid(&origin, "upstream_keepalive_interval", m))?;
     }
-    if let Some(v) = f.upstream_keepalive_timeout {
+    if let Some(Sourced { value: v, origin }) = f.upstream_keepalive_timeout {
         r.upstream_keepalive_timeout =
-            parse_duration(&v).map_err(|m| invalid(path, "upstream_keepalive_timeout", m))?;
+            parse_duration(&v).map_err(|m| invalid(&origin, "upstream_keepalive_timeout", m))?;
     }
     if r.upstream_keepalive_interval.is_zero() || r.upstream_keepalive_timeout.is_zero() {
         return Err(invalid(
@@ -1137,6 +1389,23 @@ mod tests {
             upstream: upstream.map(String::from),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn connection_age_is_jittered_down_by_at_most_a_tenth() {
+        let mut limits = Limits::default();
+        assert_eq!(limits.connection_age_jittered(), None, "off by default");
+        limits.max_connection_age = Some(Duration::from_secs(1800));
+        let ages: Vec<Duration> = (0..200)
+            .filter_map(|_| limits.connection_age_jittered())
+            .collect();
+        assert!(ages
+            .iter()
+            .all(|a| *a > Duration::from_secs(1620) && *a <= Duration::from_secs(1800)));
+        assert!(
+            ages.iter().any(|a| *a != ages[0]),
+            "every draw gave the same age: no jitter"
+        );
     }
 
     #[test]

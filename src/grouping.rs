@@ -24,7 +24,9 @@ use sha2::{Digest, Sha256};
 use crate::pb::core::{node::UserAgentVersionType, Locality, Node};
 
 /// What happens to a client whose node matches no `[[groups]]` rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, serde::Serialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Unmatched {
     /// The stream is ended with PERMISSION_DENIED naming the node (the default).

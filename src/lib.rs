@@ -72,6 +72,12 @@ pub async fn run(
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
         .max_concurrent_streams(Some(relay.config.limits.max_streams_per_connection));
+    // GOAWAY old connections so clients rebalance over replicas (README "Scaling").
+    if let Some(age) = relay.config.limits.connection_age_jittered() {
+        server = server
+            .max_connection_age(age)
+            .max_connection_age_grace(relay.config.limits.max_connection_age_grace);
+    }
     // Each accepted connection is counted (adsrelay_downstream_connections) while it is open;
     // past max_connections, or when descriptors run short, a new one is closed at once (and
     // counted); accept errors pause the listener instead of reaching tonic.

@@ -3,10 +3,10 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use tokio::net::TcpListener;
 
-use adsrelay::config::{Cli, Command, LogFormat};
+use adsrelay::config::{Cli, Command, LogFormat, RelayArgs};
 
 fn init_tracing(format: LogFormat) {
     // Reloadable, so `POST /debug/log-level` can change the level at run time.
@@ -31,20 +31,57 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
+/// `adsrelay check-config`: validate and print the effective configuration; binds nothing.
+fn check_config(matches: &clap::ArgMatches) -> ExitCode {
+    let args = RelayArgs::from_matches(matches).unwrap_or_else(|e| e.exit());
+    let path = args.config.clone();
+    match args.into_config() {
+        Ok(config) => {
+            // Already parsed once by into_config; re-read only to tell file values from defaults.
+            let table = path
+                .as_ref()
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .and_then(|t| t.parse::<toml::Table>().ok());
+            let shown = path.as_ref().map(|p| p.display().to_string());
+            let file = table.as_ref().zip(shown.as_deref());
+            print!(
+                "{}",
+                adsrelay::config::effective::report(&config, Some(matches), file)
+            );
+            println!("# config OK");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("adsrelay check-config: invalid config: {e}");
+            ExitCode::from(64)
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Some(Command::Demo(args)) = cli.command {
-        init_tracing(args.log_format);
-        return match adsrelay::demo::run(args).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("adsrelay demo: {e}");
-                ExitCode::FAILURE
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    match cli.command {
+        Some(Command::Demo(args)) => {
+            init_tracing(args.log_format);
+            return match adsrelay::demo::run(args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("adsrelay demo: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Some(Command::CheckConfig(_)) => {
+            if let Some(sub) = matches.subcommand_matches("check-config") {
+                return check_config(sub);
             }
-        };
+        }
+        None => {}
     }
-    let config = match cli.relay.into_config() {
+    let relay = RelayArgs::from_matches(&matches).unwrap_or_else(|e| e.exit());
+    let config = match relay.into_config() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("adsrelay: config error: {e}");

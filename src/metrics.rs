@@ -90,7 +90,7 @@ pub mod name {
 
 /// (name, HELP text). README's "Metrics" table mirrors this list.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
-    (name::BUILD_INFO, "Always 1; the version label is the relay's version."),
+    (name::BUILD_INFO, "Always 1; the version and revision (git commit) labels identify the build."),
     (
         name::RUNTIME_ALIVE_TASKS,
         "Tokio tasks alive in the relay (about one per client stream plus a few per group); a number that grows with no clients is a leak.",
@@ -453,7 +453,10 @@ impl Metrics {
             .register_gauge(
                 &Key::from_parts(
                     name::BUILD_INFO,
-                    vec![Label::new("version", env!("CARGO_PKG_VERSION"))],
+                    vec![
+                        Label::new("version", env!("CARGO_PKG_VERSION")),
+                        Label::new("revision", env!("ADSRELAY_GIT_COMMIT")),
+                    ],
                 ),
                 &METADATA,
             )

@@ -28,7 +28,9 @@ use crate::xds::{
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct UpstreamStatus {
     pub connected: bool,
+    #[serde(serialize_with = "crate::admin::rfc3339::option")]
     pub connected_since: Option<SystemTime>,
+    #[serde(serialize_with = "crate::admin::rfc3339::option")]
     pub last_response: Option<SystemTime>,
     /// At least one response was received since the group was created: its cache holds upstream
     /// data, so it can serve while the upstream is down.
@@ -44,8 +46,10 @@ pub struct UpstreamStatus {
     /// Periodic resyncs done, and the resources they found different and repaired.
     pub resyncs: u64,
     pub drift_repairs: u64,
+    #[serde(serialize_with = "crate::admin::rfc3339::option")]
     pub last_resync: Option<SystemTime>,
     /// When the upstream stream was lost (None while connected).
+    #[serde(serialize_with = "crate::admin::rfc3339::option")]
     pub disconnected_since: Option<SystemTime>,
 }
 

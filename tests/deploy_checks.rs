@@ -212,8 +212,34 @@ async fn dashboard_and_alerts_use_only_exported_metrics() {
         "adsrelay_cache_resources",
         "adsrelay_cache_bytes",
         "adsrelay_upstream_last_response_age_seconds",
+        // Issue 14: cache budget, TLS, snapshots, accept errors.
+        "adsrelay_unsubscribed_cache_bytes",
+        "adsrelay_unsubscribed_cache_budget_bytes",
+        "adsrelay_tls_handshake_failures_total",
+        "adsrelay_tls_certificate_reloads_total",
+        "adsrelay_snapshot_writes_total",
+        "adsrelay_snapshot_write_failures_total",
+        "adsrelay_accept_errors_total",
+        "adsrelay_drift_repairs_total",
     ] {
         assert!(dashboard.contains(want), "dashboard does not show {want}");
+    }
+    // Issue 14: the alerts cover drift, rejections, TLS reloads, snapshot writes, accept errors,
+    // and the flapping alert discounts periodic resyncs.
+    let alerts = read("deploy/prometheus/alerts.yaml");
+    for want in [
+        "adsrelay_drift_repairs_total",
+        "adsrelay_upstream_resyncs_total",
+        "adsrelay_downstream_connections_rejected_total",
+        "adsrelay_downstream_streams_rejected_total",
+        "adsrelay_tls_certificate_reloads_total",
+        "adsrelay_snapshot_write_failures_total",
+        "adsrelay_accept_errors_total",
+    ] {
+        assert!(
+            metric_names(&alerts).contains(want),
+            "alerts.yaml does not alert on {want}"
+        );
     }
 }
 
@@ -274,9 +300,235 @@ fn shipped_configs_parse_and_match_the_image_ports() {
             );
         }
         upstreams.insert(cfg.upstream.to_string());
+        assert!(
+            cfg.limits.max_connection_age.is_some(),
+            "{}: set max_connection_age so clients rebalance over the replicas the HPA adds",
+            path.display()
+        );
     }
     assert!(
         upstreams.len() >= 3,
         "each region overlay should point at its own control plane: {upstreams:?}"
+    );
+}
+
+/// A .dockerignore rule: `!` re-includes; the pattern is matched per path segment (`*` within a
+/// segment), and a pattern that matches a directory covers everything under it, as Docker does.
+struct IgnoreRule {
+    include: bool,
+    segments: Vec<String>,
+}
+
+fn dockerignore_rules(text: &str) -> Vec<IgnoreRule> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (include, pattern) = match l.strip_prefix('!') {
+                Some(p) => (true, p),
+                None => (false, l),
+            };
+            assert!(
+                !pattern.contains("**") && !pattern.contains(['?', '[', '\\']),
+                "deploy/Dockerfile.dockerignore: {l:?} uses syntax this check does not model; \
+                 extend image_build_context_is_complete"
+            );
+            let segments = pattern
+                .trim_matches('/')
+                .split('/')
+                .map(str::to_string)
+                .collect();
+            IgnoreRule { include, segments }
+        })
+        .collect()
+}
+
+fn segment_matches(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == name,
+        Some((head, tail)) => {
+            name.starts_with(head)
+                && (head.len()..=name.len())
+                    .any(|i| segment_matches(tail, &name[i..]) && name.is_char_boundary(i))
+        }
+    }
+}
+
+/// Whether Docker leaves `rel` (a file path relative to the context) out of the build context:
+/// the last rule matching the path or one of its parent directories decides.
+fn docker_ignores(rules: &[IgnoreRule], rel: &str) -> bool {
+    let parts: Vec<&str> = rel.split('/').collect();
+    let mut ignored = false;
+    for r in rules {
+        let hit = r.segments.len() <= parts.len()
+            && r.segments
+                .iter()
+                .zip(&parts)
+                .all(|(p, n)| segment_matches(p, n));
+        if hit {
+            ignored = !r.include;
+        }
+    }
+    ignored
+}
+
+/// Files under `path` (a file or directory), as paths relative to the repository root.
+fn files_under(path: &str) -> Vec<String> {
+    let full = root().join(path);
+    if !full.is_dir() {
+        return if full.exists() {
+            vec![path.to_string()]
+        } else {
+            vec![]
+        };
+    }
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&full).unwrap_or_else(|e| panic!("{path}: {e}")) {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        out.extend(files_under(&format!("{path}/{name}")));
+    }
+    out
+}
+
+#[test]
+fn dockerignore_model_matches_docker_semantics() {
+    let rules = dockerignore_rules("*\n!src/\n!bench/Cargo.toml\nsrc/gen*.rs\n");
+    assert!(docker_ignores(&rules, "target/debug/adsrelay"));
+    assert!(docker_ignores(&rules, "README.md"));
+    assert!(!docker_ignores(&rules, "src/xds/delta.rs"));
+    assert!(docker_ignores(&rules, "src/generated.rs"));
+    assert!(!docker_ignores(&rules, "bench/Cargo.toml"));
+    assert!(docker_ignores(&rules, "bench/README.md"));
+}
+
+/// The image's build context, assembled exactly as deploy/Dockerfile sees it (the repository root
+/// filtered by deploy/Dockerfile.dockerignore, then the builder stage's COPY instructions), resolves
+/// with `cargo metadata --locked` and compiles with `cargo check --locked` (build.rs, proto/,
+/// every source and embedded file: what a missing file breaks). This is what a `docker build`
+/// runs; no Docker engine runs in CI here, so the engine itself is not used.
+/// The check has a target directory of its own under target/: cargo hashes a path package by its
+/// place in the workspace, so in the repository's target directory this copy of `adsrelay`
+/// would overwrite the repository's own build. Its first run compiles the dependencies (in check
+/// mode); the context lives at a fixed path with the files' own modification times, so later runs
+/// redo only what changed. git is kept from finding this repository there
+/// (GIT_CEILING_DIRECTORIES), as in a Docker build, which has no .git.
+#[test]
+fn image_build_context_is_complete() {
+    let rules = dockerignore_rules(&read("deploy/Dockerfile.dockerignore"));
+    for heavy in [
+        "target/debug/x",
+        ".git/HEAD",
+        ".venv/bin/python",
+        "fuzz/Cargo.toml",
+    ] {
+        assert!(
+            docker_ignores(&rules, heavy),
+            "{heavy} would be sent in the image build context"
+        );
+    }
+    let dockerfile = read("deploy/Dockerfile");
+    let stages: Vec<&str> = dockerfile.split("\nFROM ").skip(1).collect();
+    assert_eq!(
+        stages.len(),
+        2,
+        "deploy/Dockerfile: expected a builder and a runtime stage"
+    );
+    let workdir = stages[0]
+        .lines()
+        .find_map(|l| l.strip_prefix("WORKDIR "))
+        .expect("WORKDIR in the builder stage")
+        .trim();
+
+    let context = root().join("target/image-build-context");
+    let _ = std::fs::remove_dir_all(&context);
+    let mut copied = Vec::new();
+    for (i, stage) in stages.iter().enumerate() {
+        for line in stage.lines().filter(|l| l.starts_with("COPY ")) {
+            let args: Vec<&str> = line.split_whitespace().skip(1).collect();
+            if args.iter().any(|a| a.starts_with("--from")) {
+                continue;
+            }
+            let (dest, sources) = args.split_last().expect("COPY with a destination");
+            for src in sources {
+                let src = src.trim_end_matches('/');
+                let sent: Vec<String> = files_under(src)
+                    .into_iter()
+                    .filter(|f| !docker_ignores(&rules, f))
+                    .collect();
+                assert!(
+                    !sent.is_empty(),
+                    "deploy/Dockerfile: `{line}`: {src} is not in the build context \
+                     (missing, or excluded by deploy/Dockerfile.dockerignore)"
+                );
+                // Only the builder stage's files are compiled; the runtime stage's need only be
+                // in the context.
+                if i != 0 {
+                    continue;
+                }
+                let dir = root().join(src).is_dir();
+                let base = Path::new(workdir).join(dest);
+                for f in sent {
+                    // `COPY dir dest` copies dir's contents into dest; `COPY file dir/` keeps the
+                    // file's name.
+                    let target = if dir {
+                        base.join(&f[src.len() + 1..])
+                    } else if dest.ends_with('/') {
+                        base.join(f.rsplit('/').next().unwrap())
+                    } else {
+                        base.clone()
+                    };
+                    let target = context.join(target.strip_prefix("/").unwrap_or(&target));
+                    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+                    std::fs::copy(root().join(&f), &target).unwrap_or_else(|e| panic!("{f}: {e}"));
+                    let mtime = std::fs::metadata(root().join(&f))
+                        .and_then(|m| m.modified())
+                        .unwrap_or_else(|e| panic!("{f}: {e}"));
+                    std::fs::File::options()
+                        .write(true)
+                        .open(&target)
+                        .and_then(|t| t.set_modified(mtime))
+                        .unwrap_or_else(|e| panic!("{f}: {e}"));
+                    copied.push(f);
+                }
+            }
+        }
+    }
+    let src_dir = context.join(Path::new(workdir).strip_prefix("/").unwrap());
+    assert!(
+        copied.iter().any(|f| f.starts_with("bench/")),
+        "the workspace member bench/ is not in the builder stage: {copied:?}"
+    );
+
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let metadata = Command::new(&cargo)
+        .args(["metadata", "--locked", "--format-version", "1"])
+        .current_dir(&src_dir)
+        .output()
+        .expect("run cargo metadata");
+    assert!(
+        metadata.status.success(),
+        "cargo metadata --locked fails in the image build context: {}\ncontext: {copied:?}",
+        String::from_utf8_lossy(&metadata.stderr)
+    );
+    let mut build = Command::new(&cargo);
+    // The variables cargo sets for this test (CARGO_MANIFEST_DIR, OUT_DIR, ...) must not reach
+    // the build: build scripts that watch them (ring's) would re-run on every run.
+    for (k, _) in std::env::vars()
+        .filter(|(k, _)| (k.starts_with("CARGO_") && k != "CARGO_HOME") || k == "OUT_DIR")
+    {
+        build.env_remove(k);
+    }
+    let build = build
+        .args(["check", "--locked", "--lib", "--bins", "-p", "adsrelay"])
+        .env("CARGO_TARGET_DIR", root().join("target/image-build-check"))
+        .env("GIT_CEILING_DIRECTORIES", &context)
+        .env_remove("ADSRELAY_GIT_COMMIT")
+        .current_dir(&src_dir)
+        .output()
+        .expect("run cargo check");
+    assert!(
+        build.status.success(),
+        "cargo check --locked fails in the image build context: {}",
+        String::from_utf8_lossy(&build.stderr)
     );
 }

@@ -311,6 +311,7 @@ async fn admin_and_csds_report_acked_and_nacked_clients() {
     for c in clients {
         assert_eq!(c["group"], "g");
         assert_eq!(c["protocol"], "delta");
+        assert_rfc3339_now(&c["connected_since"]);
         let t = &c["types"][0];
         assert_eq!(t["type_url"], CDS);
         if c["node_id"] == "envoy-bad" {
@@ -321,7 +322,7 @@ async fn admin_and_csds_report_acked_and_nacked_clients() {
                 "it rejected the only response: holds nothing"
             );
             assert_eq!(t["last_nack"]["error"], "cluster c2: invalid lb_policy");
-            assert!(t["last_nack"]["at"].is_object());
+            assert_rfc3339_now(&t["last_nack"]["at"]);
             assert!(t["last_ack"].is_null());
         } else {
             let n = if c["node_id"] == "envoy-a" { 1 } else { 2 };
@@ -356,8 +357,8 @@ async fn admin_and_csds_report_acked_and_nacked_clients() {
     assert_eq!(ups[0]["clients"], 3);
     assert_eq!(ups[0]["subscriptions"][0]["type_url"], CDS);
     assert_eq!(ups[0]["subscriptions"][0]["names"], 2);
-    assert!(ups[0]["last_response"].is_object());
-    assert!(ups[0]["connected_since"].is_object());
+    assert_rfc3339_now(&ups[0]["last_response"]);
+    assert_rfc3339_now(&ups[0]["connected_since"]);
 
     // /debug/config
     let config = get_json(&relay, "/debug/config").await;
@@ -491,6 +492,23 @@ async fn admin_and_csds_report_acked_and_nacked_clients() {
     );
     assert_eq!(sample(&text, &t("adsrelay_cache_resources")), Some(2.0));
     assert!(sample(&text, "adsrelay_fanout_latency_seconds_count").unwrap() >= 2.0);
+}
+
+/// A time in /debug JSON: an RFC 3339 UTC string (not serde's `{secs_since_epoch, ..}`), within
+/// the last minute.
+fn assert_rfc3339_now(v: &serde_json::Value) {
+    let s = v
+        .as_str()
+        .unwrap_or_else(|| panic!("time is not an RFC 3339 string: {v}"));
+    let now = std::time::SystemTime::now();
+    let recent = (0..=60).any(|back| {
+        let t = now - std::time::Duration::from_secs(back);
+        s.starts_with(&adsrelay::admin::rfc3339::format(t)[..19])
+    });
+    assert!(
+        s.len() == 24 && s.ends_with('Z') && recent,
+        "{s} is not an RFC 3339 time of the last minute"
+    );
 }
 
 /// Issue 13: an idle relay (no client, upstream down) lists every adsrelay_ family, so
