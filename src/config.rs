@@ -99,6 +99,10 @@ pub struct RelayArgs {
     /// Longest resource name, type_url or locator parameter in a request, in bytes [default: 4096]
     #[arg(long, value_name = "BYTES", env = "ADSRELAY_MAX_NAME_BYTES")]
     pub max_name_bytes: Option<usize>,
+    /// Largest response sent to a client (its gRPC receive limit): a larger Delta state is split
+    /// over several responses [default: 4194304]
+    #[arg(long, value_name = "BYTES", env = "ADSRELAY_MAX_RESPONSE_BYTES")]
+    pub max_response_bytes: Option<usize>,
     /// File descriptors kept free for the admin port, the upstream and snapshots: new client
     /// connections are closed at once when fewer are free; 0 disables it [default: 64]
     #[arg(long, value_name = "N", env = "ADSRELAY_FD_RESERVE")]
@@ -276,6 +280,7 @@ struct FileConfig {
     max_streams_per_connection: Option<u32>,
     max_subscriptions_per_stream: Option<usize>,
     max_name_bytes: Option<usize>,
+    max_response_bytes: Option<usize>,
     max_requests_per_second: Option<u32>,
     fd_reserve: Option<u64>,
     request_burst: Option<u32>,
@@ -401,6 +406,8 @@ pub struct Limits {
     pub max_streams_per_connection: u32,
     pub max_subscriptions_per_stream: usize,
     pub max_name_bytes: usize,
+    /// The clients' receive limit: larger Delta states go out in several responses.
+    pub max_response_bytes: usize,
     /// 0 disables the request-rate limit.
     pub max_requests_per_second: u32,
     pub request_burst: u32,
@@ -424,6 +431,7 @@ impl Default for Limits {
             max_streams_per_connection: 100,
             max_subscriptions_per_stream: 100_000,
             max_name_bytes: 4096,
+            max_response_bytes: crate::xds::delta::DEFAULT_MAX_RESPONSE_BYTES,
             max_requests_per_second: 100,
             request_burst: 1000,
             stuck_client_timeout: Duration::from_secs(60),
@@ -452,7 +460,7 @@ impl Limits {
             requests_per_second: self.max_requests_per_second,
             request_burst: self.request_burst,
             stuck_timeout: self.stuck_client_timeout,
-            max_response_bytes: crate::xds::delta::DEFAULT_MAX_RESPONSE_BYTES,
+            max_response_bytes: self.max_response_bytes,
         }
     }
 }
@@ -733,6 +741,21 @@ impl RelayArgs {
                     ));
                 }
                 l.max_name_bytes = s.value;
+            }
+            if let Some(s) = pick(
+                self.max_response_bytes,
+                "max-response-bytes",
+                file.max_response_bytes,
+                &path,
+            ) {
+                if s.value < 16 << 10 {
+                    return Err(invalid(
+                        &s.origin,
+                        "max_response_bytes",
+                        format!("{} is too small (minimum 16384)", s.value),
+                    ));
+                }
+                l.max_response_bytes = s.value;
             }
             if let Some(s) = pick(
                 self.max_streams_per_connection,

@@ -130,6 +130,7 @@ pub fn settings(c: &Config) -> Vec<(&'static str, Option<String>)> {
             Some(l.max_subscriptions_per_stream.to_string()),
         ),
         ("max_name_bytes", Some(l.max_name_bytes.to_string())),
+        ("max_response_bytes", Some(l.max_response_bytes.to_string())),
         ("fd_reserve", Some(l.fd_reserve.to_string())),
         (
             "max_requests_per_second",
