@@ -19,6 +19,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::constraints::{ConstraintKey, Params};
+use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeSnapshot};
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
 use super::resource::{canonical_name, CachedResource, Locator, Name, SubscriptionStamps};
@@ -27,52 +28,6 @@ use super::unacked::Unacked;
 use super::xdstp;
 use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceError, ResourceName};
 use crate::pb::wire;
-
-/// A request the relay refuses; the adapter ends the stream with INVALID_ARGUMENT.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProtocolError {
-    #[error("type_url is required for ADS (request had an empty type_url)")]
-    MissingTypeUrl,
-}
-
-/// What a request acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AckStatus {
-    /// The request carried no `response_nonce`: a pure subscription change.
-    None,
-    Ack {
-        nonce: String,
-    },
-    Nack {
-        nonce: String,
-        message: String,
-    },
-    /// A nonce that is not the latest one sent for this type (F6); subscription changes still apply.
-    Stale {
-        nonce: String,
-    },
-}
-
-/// The effects of one request that reach beyond this stream: locators to add to and remove from
-/// the group's interest and subscriber index.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestEffects {
-    pub type_url: String,
-    pub acquire: Vec<Locator>,
-    pub release: Vec<Locator>,
-    pub ack: AckStatus,
-}
-
-impl RequestEffects {
-    fn new(type_url: &str) -> Self {
-        RequestEffects {
-            type_url: type_url.to_string(),
-            acquire: Vec::new(),
-            release: Vec::new(),
-            ack: AckStatus::None,
-        }
-    }
-}
 
 /// What a client holds for one subscription. Kept small (16 bytes): a stream holds one per
 /// resource, and a relay holds thousands of streams.
@@ -1050,10 +1005,10 @@ impl DeltaStream {
 
     /// Per-type state for the admin API and CSDS; `resources` adds what the client holds and what
     /// it still waits for.
-    pub fn snapshot(&self, resources: bool) -> Vec<super::stream::TypeSnapshot> {
+    pub fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
         self.types
             .iter()
-            .map(|(t, ts)| super::stream::TypeSnapshot {
+            .map(|(t, ts)| TypeSnapshot {
                 type_url: t.clone(),
                 wildcard: ts.wildcard,
                 subscribed: ts.explicit.values().map(BTreeMap::len).sum(),
@@ -1108,5 +1063,40 @@ impl DeltaStream {
                 last_nack: ts.last_nack.clone(),
             })
             .collect()
+    }
+}
+
+impl StreamCore for DeltaStream {
+    type Request = DeltaDiscoveryRequest;
+
+    fn for_node(_: &crate::pb::core::Node, default_params: Params) -> Self {
+        Self::with_default_params(default_params)
+    }
+    fn on_request(&mut self, req: &Self::Request) -> Result<RequestEffects, ProtocolError> {
+        DeltaStream::on_request(self, req)
+    }
+    fn on_change(&mut self, changes: &ChangeSet) {
+        DeltaStream::on_change(self, changes)
+    }
+    fn mark_all_pending(&mut self, type_url: &str) {
+        DeltaStream::mark_all_pending(self, type_url)
+    }
+    fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
+        DeltaStream::next_frame(self, store)
+    }
+    fn limit_response_bytes(&mut self, bytes: usize) {
+        self.max_response_bytes = bytes;
+    }
+    fn subscriptions(&self) -> Vec<(String, Locator)> {
+        DeltaStream::subscriptions(self)
+    }
+    fn subscribed_at(&mut self, seq: u64) {
+        DeltaStream::subscribed_at(self, seq)
+    }
+    fn take_refetch(&mut self) -> Vec<(String, Locator)> {
+        DeltaStream::take_refetch(self)
+    }
+    fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
+        DeltaStream::snapshot(self, resources)
     }
 }

@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::delta::RequestEffects;
+use super::contract::RequestEffects;
 use super::interest::{Interest, UpstreamChange, WILDCARD};
 use super::resource::{Locator, Name};
 use super::store::{ApplyError, ChangeSet, Store, UpstreamUpdate};
@@ -404,8 +404,8 @@ impl GroupState {
 mod tests {
     use super::*;
     use crate::pb::discovery::Resource;
-    use crate::xds::delta::AckStatus;
     use crate::xds::store::Lookup;
+    use crate::xds::AckStatus;
     use bytes::Bytes;
     use proptest::prelude::*;
     use prost::Message;

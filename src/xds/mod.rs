@@ -11,6 +11,7 @@
 //! - [`unsubscribed`]: names no client wants any more, kept fresh within a byte budget (LRU).
 
 pub mod constraints;
+pub mod contract;
 pub mod delta;
 pub mod frame;
 pub mod group;
@@ -18,16 +19,17 @@ pub mod interest;
 pub mod resource;
 pub mod sotw;
 pub mod store;
-pub mod stream;
 pub mod unacked;
 pub mod unsubscribed;
 pub mod xdstp;
 
-pub use delta::{AckStatus, DeltaStream, ProtocolError, RequestEffects};
+pub use contract::{
+    AckStatus, ProtocolError, RequestEffects, StreamCore, TypeSnapshot, XdsRequest,
+};
+pub use delta::DeltaStream;
 pub use frame::{Frame, FrameCache, Outgoing};
 pub use group::{GroupState, StreamId};
 pub use interest::{Interest, UpstreamChange, WILDCARD};
 pub use resource::{CachedResource, Locator, Name};
 pub use sotw::SotwStream;
 pub use store::{ApplyError, ChangeSet, Lookup, Store, UpstreamUpdate};
-pub use stream::{StreamCore, TypeSnapshot, XdsRequest};

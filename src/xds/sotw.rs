@@ -16,7 +16,7 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use super::constraints::{ConstraintKey, Params};
-use super::delta::{AckStatus, ProtocolError, RequestEffects};
+use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeSnapshot};
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
 use super::resource::{Locator, Name, SubscriptionStamps};
@@ -514,10 +514,10 @@ impl SotwStream {
     }
 
     /// Per-type state for the admin API and CSDS.
-    pub fn snapshot(&self, resources: bool) -> Vec<super::stream::TypeSnapshot> {
+    pub fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
         self.types
             .iter()
-            .map(|(t, ts)| super::stream::TypeSnapshot {
+            .map(|(t, ts)| TypeSnapshot {
                 type_url: t.clone(),
                 wildcard: ts.wildcard,
                 subscribed: ts.subs.len(),
@@ -585,4 +585,36 @@ fn version_of(held: &BTreeMap<Locator, Held>) -> String {
     }
     let digest = h.finalize();
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl StreamCore for SotwStream {
+    type Request = DiscoveryRequest;
+
+    fn for_node(node: &Node, default_params: Params) -> Self {
+        SotwStream::for_node(node, default_params)
+    }
+    fn on_request(&mut self, req: &Self::Request) -> Result<RequestEffects, ProtocolError> {
+        SotwStream::on_request(self, req)
+    }
+    fn on_change(&mut self, changes: &ChangeSet) {
+        SotwStream::on_change(self, changes)
+    }
+    fn mark_all_pending(&mut self, type_url: &str) {
+        SotwStream::mark_all_pending(self, type_url)
+    }
+    fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
+        SotwStream::next_frame(self, store)
+    }
+    fn subscriptions(&self) -> Vec<(String, Locator)> {
+        SotwStream::subscriptions(self)
+    }
+    fn subscribed_at(&mut self, seq: u64) {
+        SotwStream::subscribed_at(self, seq)
+    }
+    fn take_refetch(&mut self) -> Vec<(String, Locator)> {
+        SotwStream::take_refetch(self)
+    }
+    fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
+        SotwStream::snapshot(self, resources)
+    }
 }

@@ -1,12 +1,59 @@
-//! The contract shared by the Delta and SotW per-stream state machines, so one adapter drives both.
+//! The contract both per-stream state machines (Delta and SotW) implement, and the types it is
+//! spoken in, so one adapter drives both. The machines implement [`StreamCore`] beside their code;
+//! this module depends on neither.
 
 use super::constraints::Params;
-use super::delta::{ProtocolError, RequestEffects};
 use super::frame::Outgoing;
 use super::resource::{Locator, Name};
 use super::store::{ChangeSet, Store};
 use crate::pb::core::Node;
 use crate::pb::discovery::{DeltaDiscoveryRequest, DiscoveryRequest};
+
+/// A request the relay refuses; the adapter ends the stream with INVALID_ARGUMENT.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("type_url is required for ADS (request had an empty type_url)")]
+    MissingTypeUrl,
+}
+
+/// What a request acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AckStatus {
+    /// The request carried no `response_nonce`: a pure subscription change.
+    None,
+    Ack {
+        nonce: String,
+    },
+    Nack {
+        nonce: String,
+        message: String,
+    },
+    /// A nonce that is not the latest one sent for this type (F6); subscription changes still apply.
+    Stale {
+        nonce: String,
+    },
+}
+
+/// The effects of one request that reach beyond this stream: locators to add to and remove from
+/// the group's interest and subscriber index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestEffects {
+    pub type_url: String,
+    pub acquire: Vec<Locator>,
+    pub release: Vec<Locator>,
+    pub ack: AckStatus,
+}
+
+impl RequestEffects {
+    pub(crate) fn new(type_url: &str) -> Self {
+        RequestEffects {
+            type_url: type_url.to_string(),
+            acquire: Vec::new(),
+            release: Vec::new(),
+            ack: AckStatus::None,
+        }
+    }
+}
 
 pub trait StreamCore {
     type Request;
@@ -66,73 +113,6 @@ pub trait XdsRequest {
     /// The request as Delta, if it is one.
     fn as_delta(&self) -> Option<&DeltaDiscoveryRequest> {
         None
-    }
-}
-
-impl StreamCore for super::DeltaStream {
-    type Request = DeltaDiscoveryRequest;
-
-    fn for_node(_: &Node, default_params: Params) -> Self {
-        Self::with_default_params(default_params)
-    }
-    fn on_request(&mut self, req: &Self::Request) -> Result<RequestEffects, ProtocolError> {
-        super::DeltaStream::on_request(self, req)
-    }
-    fn on_change(&mut self, changes: &ChangeSet) {
-        super::DeltaStream::on_change(self, changes)
-    }
-    fn mark_all_pending(&mut self, type_url: &str) {
-        super::DeltaStream::mark_all_pending(self, type_url)
-    }
-    fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
-        super::DeltaStream::next_frame(self, store)
-    }
-    fn limit_response_bytes(&mut self, bytes: usize) {
-        self.max_response_bytes = bytes;
-    }
-    fn subscriptions(&self) -> Vec<(String, Locator)> {
-        super::DeltaStream::subscriptions(self)
-    }
-    fn subscribed_at(&mut self, seq: u64) {
-        super::DeltaStream::subscribed_at(self, seq)
-    }
-    fn take_refetch(&mut self) -> Vec<(String, Locator)> {
-        super::DeltaStream::take_refetch(self)
-    }
-    fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
-        super::DeltaStream::snapshot(self, resources)
-    }
-}
-
-impl StreamCore for super::SotwStream {
-    type Request = DiscoveryRequest;
-
-    fn for_node(node: &Node, default_params: Params) -> Self {
-        super::SotwStream::for_node(node, default_params)
-    }
-    fn on_request(&mut self, req: &Self::Request) -> Result<RequestEffects, ProtocolError> {
-        super::SotwStream::on_request(self, req)
-    }
-    fn on_change(&mut self, changes: &ChangeSet) {
-        super::SotwStream::on_change(self, changes)
-    }
-    fn mark_all_pending(&mut self, type_url: &str) {
-        super::SotwStream::mark_all_pending(self, type_url)
-    }
-    fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
-        super::SotwStream::next_frame(self, store)
-    }
-    fn subscriptions(&self) -> Vec<(String, Locator)> {
-        super::SotwStream::subscriptions(self)
-    }
-    fn subscribed_at(&mut self, seq: u64) {
-        super::SotwStream::subscribed_at(self, seq)
-    }
-    fn take_refetch(&mut self) -> Vec<(String, Locator)> {
-        super::SotwStream::take_refetch(self)
-    }
-    fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
-        super::SotwStream::snapshot(self, resources)
     }
 }
 
