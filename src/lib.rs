@@ -1,18 +1,30 @@
-//! adsrelay: a caching xDS relay. Downstream it serves Delta ADS to many Envoys and gRPC clients;
-//! upstream it keeps one aggregated Delta ADS stream per group of clients, and a shared cache.
+//! adsrelay: a caching xDS relay. Downstream it serves Aggregated Discovery Service streams, Delta
+//! and state-of-the-world, to many Envoys and gRPC clients; upstream it keeps one aggregated Delta
+//! ADS stream per group of clients, and a shared cache.
 //!
 //! # Layout
-//! - [`xds`]: the protocol core, free of I/O: resource store, refcounted interest, the per-stream
-//!   Delta state machine, and a group's subscriber index.
-//! - [`relay`]: runtime state (groups, their locks and mailboxes) and the downstream ADS service.
-//! - [`downstream`]: one task per client stream driving the core; bounded change mailboxes.
-//! - [`upstream`]: the per-group upstream Delta stream: connect, backoff, resubscribe, ACK/NACK.
-//! - [`admin`]: HTTP /healthz and /readyz.
+//! The protocol core, free of I/O (tests drive it directly):
+//! - [`xds`]: resource store, refcounted interest, the per-stream Delta and SotW state machines,
+//!   shared response frames, a group's subscriber index, xdstp names, TP2 variant matching.
+//!
+//! The runtime around it:
+//! - [`relay`]: the groups (state behind a lock, mailboxes, tasks) and the client registry.
+//! - [`downstream`]: the gRPC services, one task per client stream driving the core, bounded
+//!   change mailboxes, per-stream limits.
+//! - [`upstream`]: the per-group upstream Delta stream: connect, backoff, resubscribe, ACK/NACK;
+//!   the group's housekeeping timer.
 //! - [`accept`]: accept loops that pause on descriptor exhaustion and keep a descriptor reserve.
-//! - [`process`]: the descriptor limit (raised at startup) and `process_*` metrics.
+//! - [`drain`]: graceful shutdown, closing connections gradually.
+//! - [`tls`]: downstream TLS/mTLS with certificate reload, identity-to-group authorization,
+//!   upstream TLS.
+//! - [`codec`]: the prost codec for requests and the upstream client.
 //! - [`snapshot`]: warm restart: the cache persisted to a local file and restored at startup.
 //! - [`grouping`]: which downstream nodes share a group, and the node presented upstream for it.
-//! - [`config`]: flags and config file -> validated [`config::Config`].
+//! - [`admin`]: HTTP /healthz, /readyz, /metrics, /debug/*; [`csds`]: client status discovery.
+//! - [`metrics`]: every metric name and HELP text; [`process`]: the descriptor limit and
+//!   `process_*` metrics.
+//! - [`config`]: flags, environment and config file -> validated [`config::Config`].
+//! - [`backoff`], [`token_bucket`], [`sync`]: small helpers (retry delays, rate limits, locks).
 //! - [`demo`]: the embedded demo control plane, its example resources and backend.
 //! - [`pb`]: generated protobuf types (proto/ is the wire contract).
 #![forbid(unsafe_code)]

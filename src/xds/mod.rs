@@ -3,7 +3,9 @@
 //! - [`resource`]: a cached resource, kept as the encoded bytes the upstream sent.
 //! - [`store`]: one group's resources per type, and what the upstream said does not exist.
 //! - [`interest`]: the refcounted union of downstream interest -> upstream subscribe/unsubscribe.
+//! - [`contract`]: what both per-stream state machines implement ([`StreamCore`]) and speak in.
 //! - [`delta`]: the per-stream Delta state machine: requests and changes in, responses out.
+//! - [`sotw`]: the same contract for state-of-the-world.
 //! - [`frame`]: responses encoded once as gRPC messages and shared by every stream due them.
 //! - [`group`]: one aggregation group's store, interest, subscriber index and unsubscribed set.
 //! - [`unacked`]: what each unacknowledged response changed in a stream's record, undone on NACK.
