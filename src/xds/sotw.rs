@@ -407,11 +407,19 @@ impl SotwStream {
             if unknown || (ts.wildcard && !store.wildcard_synced(type_url)) {
                 return None;
             }
-            for l in scope.keys() {
-                if let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) {
-                    if withheld(ts, l, r) {
-                        refetch.push((type_url.to_string(), l.clone()));
-                    }
+            // Each name is looked up once: this runs per client per change.
+            let present: Vec<(&Locator, bool, &Arc<super::CachedResource>)> = scope
+                .iter()
+                .filter_map(
+                    |(l, by_name)| match store.lookup_for(type_url, &l.name, &l.params) {
+                        Lookup::Present(r) => Some((l, *by_name, r)),
+                        _ => None,
+                    },
+                )
+                .collect();
+            for (l, _, r) in &present {
+                if withheld(ts, l, r) {
+                    refetch.push((type_url.to_string(), (*l).clone()));
                 }
             }
             if !refetch.is_empty() {
@@ -420,23 +428,24 @@ impl SotwStream {
                 return None;
             }
             let mut current = BTreeMap::new();
-            for (l, by_name) in &scope {
-                if let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) {
-                    if push(&mut out, r, *by_name) {
-                        current.insert(l.clone(), (r.key.clone(), r.version.clone()));
-                    }
+            for (l, by_name, r) in present {
+                if push(&mut out, r, by_name) {
+                    current.insert(l.clone(), (r.key.clone(), r.version.clone()));
                 }
             }
             let owed = ts.force || !ts.resend.is_empty();
             ts.dirty = false;
             ts.resend.clear();
             // Only what the client already rejected differs: wait for a real change (A31).
-            let unchanged = ts
-                .sent
-                .keys()
-                .chain(current.keys())
-                .filter(|l| current.get(*l) != ts.sent.get(*l))
-                .all(|l| ts.rejected.get(l) == Some(&current.get(l).cloned()));
+            let unchanged = if ts.rejected.is_empty() {
+                current == ts.sent
+            } else {
+                ts.sent
+                    .keys()
+                    .chain(current.keys())
+                    .filter(|l| current.get(*l) != ts.sent.get(*l))
+                    .all(|l| ts.rejected.get(l) == Some(&current.get(l).cloned()))
+            };
             if unchanged && !owed && errors.is_empty() {
                 return None;
             }
