@@ -8,14 +8,9 @@ mod support;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use adsrelay::pb::discovery::dynamic_parameter_constraints::single_constraint::ConstraintType;
-use adsrelay::pb::discovery::dynamic_parameter_constraints::{SingleConstraint, Type};
-use adsrelay::pb::discovery::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DynamicParameterConstraints, Resource,
-    ResourceLocator, ResourceName,
-};
+use adsrelay::pb::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, ResourceLocator};
 use adsrelay::pb::rpc::Status as RpcStatus;
-use adsrelay::xds::{CachedResource, DeltaStream, Store};
+use adsrelay::xds::{DeltaStream, Store};
 use prost::Message;
 use support::*;
 
@@ -187,34 +182,6 @@ async fn a11_clients_holding_other_versions_get_a_response_of_their_own() {
     );
     let (_, encoded) = frames_when(&relay, 3.0).await;
     assert_eq!(encoded, 3.0, "three different contents, three frames");
-}
-
-fn env_is(v: &str) -> DynamicParameterConstraints {
-    DynamicParameterConstraints {
-        r#type: Some(Type::Constraint(SingleConstraint {
-            key: "env".into(),
-            constraint_type: Some(ConstraintType::Value(v.into())),
-        })),
-    }
-}
-
-fn variant(name: &str, env: &str, version: &str) -> (String, CachedResource) {
-    let r = Resource {
-        resource_name: Some(ResourceName {
-            name: name.into(),
-            dynamic_parameter_constraints: Some(env_is(env)),
-        }),
-        version: version.into(),
-        resource: Some(prost_types::Any {
-            type_url: EDS.into(),
-            value: format!("{name}/{env}@{version}").into_bytes(),
-        }),
-        ..Default::default()
-    };
-    (
-        EDS.to_string(),
-        CachedResource::decode(r.encode_to_vec().into()).unwrap(),
-    )
 }
 
 fn by_locator(env: &str) -> DeltaDiscoveryRequest {

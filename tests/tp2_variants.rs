@@ -20,34 +20,6 @@ use support::*;
 
 const GROUP: &str = "tp2";
 
-fn env_is(v: &str) -> DynamicParameterConstraints {
-    DynamicParameterConstraints {
-        r#type: Some(Type::Constraint(SingleConstraint {
-            key: "env".into(),
-            constraint_type: Some(ConstraintType::Value(v.into())),
-        })),
-    }
-}
-
-fn variant(name: &str, env: &str, version: &str) -> (String, CachedResource) {
-    let r = Resource {
-        resource_name: Some(ResourceName {
-            name: name.into(),
-            dynamic_parameter_constraints: Some(env_is(env)),
-        }),
-        version: version.into(),
-        resource: Some(prost_types::Any {
-            type_url: EDS.into(),
-            value: format!("{name}/{env}@{version}").into_bytes(),
-        }),
-        ..Default::default()
-    };
-    (
-        EDS.to_string(),
-        CachedResource::decode(r.encode_to_vec().into()).unwrap(),
-    )
-}
-
 fn locator(name: &str, env: &str) -> ResourceLocator {
     ResourceLocator {
         name: name.into(),

@@ -13,7 +13,7 @@ use adsrelay::pb::discovery::{
     DeltaDiscoveryRequest, DiscoveryRequest, DynamicParameterConstraints, Resource, ResourceName,
 };
 use adsrelay::xds::constraints::Params;
-use adsrelay::xds::{DeltaStream, SotwStream, Store};
+use adsrelay::xds::{ChangeSet, DeltaStream, SotwStream, Store, StreamCore};
 use bytes::Bytes;
 use divan::{black_box, Bencher};
 use prost::Message;
@@ -243,6 +243,40 @@ fn variant_fanout_10k_subscribers_100_param_sets(bencher: Bencher) {
     });
 }
 
+/// A new version of cluster `c7` (1 KiB), as the upstream would send it.
+fn change_c7(store: &mut Store, version: u64) -> ChangeSet {
+    store
+        .apply_delta(
+            CDS,
+            vec![resource("c7", &version.to_string(), 1024)],
+            vec![],
+            true,
+        )
+        .unwrap()
+}
+
+/// Every client folds the change in and takes its response: the shared frame, or (for
+/// comparison) a response encoded for it alone. Returns the bytes due to the sockets.
+fn fan_out<C: StreamCore>(
+    clients: &mut [C],
+    store: &Store,
+    changes: &ChangeSet,
+    how: &str,
+    encode_alone: fn(&mut C, &Store) -> usize,
+) -> usize {
+    clients
+        .iter_mut()
+        .map(|c| {
+            c.on_change(changes);
+            if how == "shared_frame" {
+                c.next_frame(store).map_or(0, |o| o.frame.bytes.len())
+            } else {
+                encode_alone(c, store)
+            }
+        })
+        .sum()
+}
+
 /// The fan-out of one 1 KiB change to 10,000 Delta subscribers, as the stream tasks do it: fold
 /// the change in, build the response and take its frame (shared after the first), no sockets.
 /// Beside it, the same with a per-client encode (what a control plane that encodes per client
@@ -260,25 +294,10 @@ fn fanout_one_change_10k_delta(bencher: Bencher, how: &str) {
     let mut version = 1u64;
     bencher.bench_local(|| {
         version += 1;
-        let changes = store
-            .apply_delta(
-                CDS,
-                vec![resource("c7", &version.to_string(), 1024)],
-                vec![],
-                true,
-            )
-            .unwrap();
-        let mut bytes = 0;
-        for c in clients.iter_mut() {
-            c.on_change(&changes);
-            bytes += if how == "shared_frame" {
-                c.next_frame(&store).map_or(0, |o| o.frame.bytes.len())
-            } else {
-                c.next_response(&store)
-                    .map_or(0, |r| r.encode_to_vec().len())
-            };
-        }
-        black_box(bytes)
+        let changes = change_c7(&mut store, version);
+        black_box(fan_out(&mut clients, &store, &changes, how, |c, s| {
+            c.next_response(s).map_or(0, |r| r.encode_to_vec().len())
+        }))
     });
 }
 
@@ -302,24 +321,9 @@ fn fanout_one_change_10k_sotw_full_state_100(bencher: Bencher, how: &str) {
     let mut version = 1u64;
     bencher.bench_local(|| {
         version += 1;
-        let changes = store
-            .apply_delta(
-                CDS,
-                vec![resource("c7", &version.to_string(), 1024)],
-                vec![],
-                true,
-            )
-            .unwrap();
-        let mut bytes = 0;
-        for c in clients.iter_mut() {
-            c.on_change(&changes);
-            bytes += if how == "shared_frame" {
-                c.next_frame(&store).map_or(0, |o| o.frame.bytes.len())
-            } else {
-                c.next_response(&store)
-                    .map_or(0, |r| r.encode_to_vec().len())
-            };
-        }
-        black_box(bytes)
+        let changes = change_c7(&mut store, version);
+        black_box(fan_out(&mut clients, &store, &changes, how, |c, s| {
+            c.next_response(s).map_or(0, |r| r.encode_to_vec().len())
+        }))
     });
 }

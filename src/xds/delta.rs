@@ -595,18 +595,12 @@ impl DeltaStream {
 
     /// The next response as a shared frame from the store's frame cache (see [`super::frame`]).
     pub fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
-        let resp = self.next_content(store)?;
-        let type_url = resp.type_url.clone();
-        let resources = resp.resources.len() + resp.removed_resources.len();
-        let (frame, shared) = store.frames().frame(Content::Delta(resp), self.nonce_seq);
-        self.nonce_seq = frame.nonce;
-        self.sent(&type_url, frame.nonce);
-        Some(Outgoing {
-            frame,
-            type_url,
-            resources,
-            shared,
-        })
+        let content = Content::Delta(self.next_content(store)?);
+        let out = store
+            .frames()
+            .frame_for_stream(content, &mut self.nonce_seq);
+        self.sent(&out.type_url, out.frame.nonce);
+        Some(out)
     }
 
     /// A response of `type_url` went out with `nonce`: ACKs and NACKs are judged against it.

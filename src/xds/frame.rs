@@ -73,6 +73,13 @@ pub enum Content {
 }
 
 impl Content {
+    fn type_url(&self) -> &str {
+        match self {
+            Content::Delta(r) => &r.type_url,
+            Content::Sotw(r) => &r.type_url,
+        }
+    }
+
     fn resources(&self) -> &[Bytes] {
         match self {
             Content::Delta(r) => &r.resources,
@@ -241,6 +248,24 @@ impl FrameCache {
             }
         }
         (frame, false)
+    }
+
+    /// [`FrameCache::frame`] for a stream whose last nonce is `*last_nonce`, which it advances;
+    /// with what the adapter reports about the response.
+    pub fn frame_for_stream(&self, content: Content, last_nonce: &mut u64) -> Outgoing {
+        let type_url = content.type_url().to_string();
+        let resources = match &content {
+            Content::Delta(r) => r.resources.len() + r.removed_resources.len(),
+            Content::Sotw(r) => r.resources.len(),
+        };
+        let (frame, shared) = self.frame(content, *last_nonce);
+        *last_nonce = frame.nonce;
+        Outgoing {
+            frame,
+            type_url,
+            resources,
+            shared,
+        }
     }
 
     /// Frames held and their bytes.

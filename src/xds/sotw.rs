@@ -297,18 +297,12 @@ impl SotwStream {
     /// The next response as a shared frame: every client due the same state of a type (all
     /// wildcard clients after a change, say) gets the same bytes, encoded once.
     pub fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
-        let resp = self.next_content(store)?;
-        let type_url = resp.type_url.clone();
-        let resources = resp.resources.len();
-        let (frame, shared) = store.frames().frame(Content::Sotw(resp), self.nonce_seq);
-        self.nonce_seq = frame.nonce;
-        self.sent(&type_url, frame.nonce);
-        Some(Outgoing {
-            frame,
-            type_url,
-            resources,
-            shared,
-        })
+        let content = Content::Sotw(self.next_content(store)?);
+        let out = store
+            .frames()
+            .frame_for_stream(content, &mut self.nonce_seq);
+        self.sent(&out.type_url, out.frame.nonce);
+        Some(out)
     }
 
     /// A response of `type_url` went out with `nonce`: ACKs and NACKs are judged against it.

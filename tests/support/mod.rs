@@ -15,7 +15,12 @@ use adsrelay::config::Config;
 use adsrelay::demo::ControlPlane;
 use adsrelay::pb::core::Node;
 use adsrelay::pb::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use adsrelay::pb::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use adsrelay::pb::discovery::dynamic_parameter_constraints::single_constraint::ConstraintType;
+use adsrelay::pb::discovery::dynamic_parameter_constraints::{SingleConstraint, Type};
+use adsrelay::pb::discovery::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DynamicParameterConstraints, Resource,
+    ResourceName,
+};
 use adsrelay::xds::CachedResource;
 use prost::Message;
 use tokio::net::TcpListener;
@@ -372,4 +377,34 @@ pub async fn http_request(addr: SocketAddr, method: &str, path: &str) -> (u16, S
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// The TP2 constraint `env == v`.
+pub fn env_is(v: &str) -> DynamicParameterConstraints {
+    DynamicParameterConstraints {
+        r#type: Some(Type::Constraint(SingleConstraint {
+            key: "env".into(),
+            constraint_type: Some(ConstraintType::Value(v.into())),
+        })),
+    }
+}
+
+/// A variant of EDS resource `name` for `env == <env>`; its body reads `name/env@version`.
+pub fn variant(name: &str, env: &str, version: &str) -> (String, CachedResource) {
+    let r = Resource {
+        resource_name: Some(ResourceName {
+            name: name.into(),
+            dynamic_parameter_constraints: Some(env_is(env)),
+        }),
+        version: version.into(),
+        resource: Some(prost_types::Any {
+            type_url: EDS.into(),
+            value: format!("{name}/{env}@{version}").into_bytes(),
+        }),
+        ..Default::default()
+    };
+    (
+        EDS.to_string(),
+        CachedResource::decode(r.encode_to_vec().into()).unwrap(),
+    )
 }
