@@ -219,6 +219,14 @@ impl SotwStream {
             // B4: newly requested names are sent even if sent before and unchanged.
             ts.resend.insert(added.clone());
         }
+        // The same locator now asked for in the other form (by plain name instead of by
+        // `resource_locators`, or back): the client identifies it differently (E9, E10), so it
+        // gets it again in the form it now asks for.
+        for (l, by_name) in &subs {
+            if ts.subs.get(l).is_some_and(|was| was != by_name) {
+                ts.resend.insert(l.clone());
+            }
+        }
         for removed in ts.subs.keys().filter(|l| !subs.contains_key(*l)) {
             effects.release.push(removed.clone());
             ts.stamps.removed(removed);
@@ -228,6 +236,9 @@ impl SotwStream {
                 ts.unacked.forget(removed);
             }
             ts.resend.remove(removed);
+            // Another subscription of the same name may have been held back by this one (two
+            // subscriptions sent alike, B20): look at the type again.
+            ts.dirty = true;
         }
         if rerequest && wildcard == ts.wildcard && subs == ts.subs {
             ts.force = true;
