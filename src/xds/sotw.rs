@@ -83,6 +83,12 @@ impl TypeState {
         if self.sent.get(l) == held.as_ref() {
             return;
         }
+        // What the client rejected under this name may no longer be what it holds under it: a
+        // same-name subscription sent alike (B20) may have replaced it. A31 forbids resending
+        // into an unchanged state only, so the rejected version may go out once more.
+        if !self.rejected.is_empty() {
+            self.rejected.retain(|r, _| r.name != l.name);
+        }
         self.unacked
             .record(l, self.sent.get(l), self.last_nonce.as_deref());
         match held {
