@@ -14,7 +14,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,8 +22,16 @@ use futures::Stream;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
-use crate::metrics::{CountedIo, Metrics};
-use crate::relay::Relay;
+use crate::drain::Drain;
+
+/// What the accept loops report; the relay's metrics implement it.
+pub trait AcceptReport: Send + Sync {
+    fn accept_failed(&self, listener: Listener, reason: AcceptError);
+    /// A client connection was kept.
+    fn connection_accepted(&self);
+    /// A client connection was closed at once (over a limit, or descriptors short).
+    fn connection_refused(&self);
+}
 
 /// The listener an accept error happened on (a metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +126,7 @@ impl Acceptor {
     }
 
     /// The next connection; errors are counted, logged and waited out, never returned.
-    pub async fn accept(&mut self, metrics: &Metrics) -> TcpStream {
+    pub async fn accept(&mut self, report: &dyn AcceptReport) -> TcpStream {
         loop {
             match self.listener.accept().await {
                 Ok((stream, _)) => {
@@ -127,7 +135,7 @@ impl Acceptor {
                 }
                 Err(e) => {
                     let kind = AcceptError::of(&e);
-                    metrics.accept_error(self.which, kind);
+                    report.accept_failed(self.which, kind);
                     if kind == AcceptError::Connection {
                         debug!(listener = self.which.label(), error = %e, "accept: connection failed");
                         continue;
@@ -185,26 +193,37 @@ impl FdBudget {
     }
 }
 
+/// The xDS listener's admission rules and where it reports.
+pub struct XdsGate {
+    pub max_connections: usize,
+    /// Descriptors kept free for everything but clients ([`FdBudget::reserve`]).
+    pub fd_reserve: u64,
+    pub drain: Arc<Drain>,
+    /// Open client connections, kept by [`CountedIo`].
+    pub open: Arc<AtomicI64>,
+    pub report: Arc<dyn AcceptReport>,
+}
+
 /// The xDS listener's connections, counted while open: past `max_connections`, while draining, or
 /// when descriptors run short, a new connection is closed at once. Never yields an error (tonic
 /// would end or spin the server on one).
 pub fn incoming(
     listener: TcpListener,
-    relay: Arc<Relay>,
+    gate: XdsGate,
 ) -> impl Stream<Item = io::Result<CountedIo>> + Send + 'static {
-    let budget = FdBudget::now(relay.config.limits.fd_reserve);
+    let budget = FdBudget::now(gate.fd_reserve);
     let acceptor = Acceptor::new(listener, Listener::Xds);
-    futures::stream::unfold((acceptor, relay), move |(mut acceptor, relay)| async move {
+    futures::stream::unfold((acceptor, gate), move |(mut acceptor, gate)| async move {
         loop {
-            let stream = acceptor.accept(&relay.metrics).await;
-            let open = relay.metrics.connections.load(Ordering::Relaxed).max(0) as u64;
-            let max_connections = relay.config.limits.max_connections;
-            if relay.drain.is_draining() {
+            let stream = acceptor.accept(&*gate.report).await;
+            let open = gate.open.load(Ordering::Relaxed).max(0) as u64;
+            let max_connections = gate.max_connections;
+            if gate.drain.is_draining() {
                 // Draining: new connections go to other replicas.
                 continue;
             }
             if open >= max_connections as u64 {
-                relay.metrics.connection_rejected();
+                gate.report.connection_refused();
                 debug!(
                     max_connections,
                     "connection refused: max_connections reached"
@@ -212,7 +231,7 @@ pub fn incoming(
                 continue;
             }
             if budget.short(stream.as_raw_fd() as u64, open) {
-                relay.metrics.connection_rejected();
+                gate.report.connection_refused();
                 debug!(
                     fd_limit = budget.limit,
                     fd_reserve = budget.reserve,
@@ -220,10 +239,94 @@ pub fn incoming(
                 );
                 continue;
             }
-            let io = CountedIo::new(stream, &relay.metrics, relay.drain.register());
-            return Some((Ok(io), (acceptor, relay)));
+            gate.report.connection_accepted();
+            let io = CountedIo::new(stream, &gate.open, gate.drain.register());
+            return Some((Ok(io), (acceptor, gate)));
         }
     })
+}
+
+/// A downstream connection, counted in the open-connections gauge while it is open.
+#[derive(Debug)]
+pub struct CountedIo {
+    inner: tokio::net::TcpStream,
+    open: Arc<AtomicI64>,
+    /// Lets a graceful shutdown close this connection (reads end as if the client closed it).
+    drain: crate::drain::Registration,
+}
+
+impl CountedIo {
+    pub fn new(
+        inner: tokio::net::TcpStream,
+        open: &Arc<AtomicI64>,
+        drain: crate::drain::Registration,
+    ) -> Self {
+        open.fetch_add(1, Ordering::Relaxed);
+        CountedIo {
+            inner,
+            open: open.clone(),
+            drain,
+        }
+    }
+}
+
+impl Drop for CountedIo {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl tonic::transport::server::Connected for CountedIo {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for CountedIo {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.drain.handle.poll_closed(cx).is_ready() {
+            // End of stream: the HTTP/2 server drops the connection and the client reconnects.
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for CountedIo {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 #[cfg(test)]

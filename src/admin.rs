@@ -21,7 +21,8 @@ use tracing::{debug, info};
 
 use crate::config::logging;
 use crate::csds::TypeAck;
-use crate::relay::{Relay, UpstreamStatus};
+use crate::group::UpstreamStatus;
+use crate::relay::Relay;
 use crate::sync::lock;
 
 #[derive(Debug, Serialize)]
@@ -311,7 +312,7 @@ struct Answer {
     nonce: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
-    #[serde(serialize_with = "rfc3339::option")]
+    #[serde(serialize_with = "crate::rfc3339::option")]
     at: Option<SystemTime>,
 }
 
@@ -337,7 +338,7 @@ struct ClientInfo {
     cluster: String,
     group: String,
     protocol: &'static str,
-    #[serde(serialize_with = "rfc3339::serialize")]
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     connected_since: SystemTime,
     types: Vec<ClientType>,
 }
@@ -553,7 +554,7 @@ pub async fn serve(relay: Arc<Relay>, listener: TcpListener, shutdown: impl Futu
     let mut acceptor = crate::accept::Acceptor::new(listener, crate::accept::Listener::Admin);
     loop {
         let stream = tokio::select! {
-            stream = acceptor.accept(&relay.metrics) => stream,
+            stream = acceptor.accept(&*relay.metrics) => stream,
             () = &mut shutdown => return,
         };
         let relay = relay.clone();
@@ -569,65 +570,5 @@ pub async fn serve(relay: Arc<Relay>, listener: TcpListener, shutdown: impl Futu
                 debug!(error = %e, "admin connection error");
             }
         });
-    }
-}
-
-/// Times in /readyz and /debug JSON as RFC 3339 UTC strings (`2026-12-03T08:15:02.123Z`), for
-/// `#[serde(serialize_with)]`; serde's default for `SystemTime` is an object of epoch seconds.
-pub mod rfc3339 {
-    use std::time::{SystemTime, UNIX_EPOCH};
-
-    /// `t` in UTC with millisecond precision; times before 1970 print as the epoch.
-    pub fn format(t: SystemTime) -> String {
-        let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-        let secs = since.as_secs();
-        let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-        // Days since the epoch to a proleptic Gregorian date (H. Hinnant's civil_from_days).
-        let z = days + 719_468;
-        let (era, doe) = (z.div_euclid(146_097), z.rem_euclid(146_097));
-        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let day = doy - (153 * mp + 2) / 5 + 1;
-        let month = if mp < 10 { mp + 3 } else { mp - 9 };
-        let year = yoe + era * 400 + i64::from(month <= 2);
-        format!(
-            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-            rem / 3600,
-            rem % 3600 / 60,
-            rem % 60,
-            since.subsec_millis()
-        )
-    }
-
-    pub fn serialize<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format(*t))
-    }
-
-    pub fn option<S: serde::Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
-        match t {
-            Some(t) => serialize(t, s),
-            None => s.serialize_none(),
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use std::time::Duration;
-
-        use super::*;
-
-        #[test]
-        fn formats_utc_dates_across_leap_years() {
-            for (secs, millis, want) in [
-                (0, 0, "1970-01-01T00:00:00.000Z"),
-                (951_782_400, 5, "2000-02-29T00:00:00.005Z"),
-                (1_700_000_000, 250, "2023-11-14T22:13:20.250Z"),
-                (4_107_542_399, 999, "2100-02-28T23:59:59.999Z"),
-            ] {
-                let t = UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(millis);
-                assert_eq!(format(t), want);
-            }
-        }
     }
 }

@@ -451,18 +451,6 @@ impl Limits {
         self.max_connection_age
             .map(|age| age.mul_f64(1.0 - rand::random::<f64>() * 0.1))
     }
-
-    /// The per-stream part, as the stream driver applies it.
-    pub fn stream(&self) -> crate::downstream::limits::StreamLimits {
-        crate::downstream::limits::StreamLimits {
-            max_subscriptions: self.max_subscriptions_per_stream,
-            max_name_bytes: self.max_name_bytes,
-            requests_per_second: self.max_requests_per_second,
-            request_burst: self.request_burst,
-            stuck_timeout: self.stuck_client_timeout,
-            max_response_bytes: self.max_response_bytes,
-        }
-    }
 }
 
 impl Config {

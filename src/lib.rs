@@ -38,11 +38,13 @@ pub mod csds;
 pub mod demo;
 pub mod downstream;
 pub mod drain;
+pub mod group;
 pub mod grouping;
 pub mod metrics;
 pub mod pb;
 pub mod process;
 pub mod relay;
+pub mod rfc3339;
 pub mod snapshot;
 pub mod sync;
 pub mod tls;
@@ -68,7 +70,7 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let relay = Relay::new(config, stop_rx.clone());
     // Warm restart: the snapshot is loaded before anything is served.
-    snapshot::load(&relay);
+    snapshot::load(&*relay);
     tokio::spawn(snapshot::run(relay.clone(), stop_rx.clone()));
     tokio::spawn(upstream::probe(
         relay.config.clone(),
@@ -93,7 +95,16 @@ pub async fn run(
     // Each accepted connection is counted (adsrelay_downstream_connections) while it is open;
     // past max_connections, or when descriptors run short, a new one is closed at once (and
     // counted); accept errors pause the listener instead of reaching tonic.
-    let incoming = accept::incoming(xds, relay.clone());
+    let incoming = accept::incoming(
+        xds,
+        accept::XdsGate {
+            max_connections: relay.config.limits.max_connections,
+            fd_reserve: relay.config.limits.fd_reserve,
+            drain: relay.drain.clone(),
+            open: relay.metrics.connections.clone(),
+            report: relay.metrics.clone(),
+        },
+    );
     // On shutdown: drain (not ready, refuse new work, close connections gradually), then stop
     // the server; whatever is still open after a further 5 s is abandoned.
     let (served_tx, served_rx) = tokio::sync::oneshot::channel::<()>();
@@ -103,7 +114,7 @@ pub async fn run(
     let drained = async move {
         shutdown.await;
         // Saved before the drain closes clients, so their interest is still in the snapshot.
-        snapshot::write_on_shutdown(&saving).await;
+        snapshot::write_on_shutdown(&*saving).await;
         drain.run(period).await;
         let _ = served_tx.send(());
     };

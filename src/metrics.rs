@@ -1,7 +1,7 @@
 //! Every metric the relay exports, with its name and HELP text, in one place; rendered in the
 //! Prometheus text format on the admin port (`/metrics`).
 //!
-//! The recorder is per [`crate::relay::Relay`], not process-global: tests run several relays in
+//! The recorder is per relay, not process-global: tests run several relays in
 //! one process, and the demo runs a control plane beside the relay. Labels are bounded: `type_url`
 //! (capped at [`MAX_TYPE_LABELS`] distinct values, the rest reported as `other`), `group` (one per
 //! aggregation group, each of which already costs an upstream stream), `protocol` (`delta` or
@@ -22,6 +22,7 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
+use crate::accept::{AcceptError, AcceptReport, Listener};
 use crate::sync::lock;
 
 /// Distinct `type_url` label values before further ones are reported as `other`.
@@ -361,13 +362,13 @@ pub struct Metrics {
     rejected: [Counter; Rejection::ALL.len()],
     connections_rejected: Counter,
     connections_accepted: Counter,
-    accept_errors: [[Counter; crate::accept::AcceptError::ALL.len()]; 2],
+    accept_errors: [[Counter; AcceptError::ALL.len()]; 2],
     tls_handshake_failures: [Counter; crate::tls::HandshakeFailure::ALL.len()],
     tls_reloads: [Counter; 2],
     /// Responses by origin: [shared, encoded].
     frames: [Counter; 2],
     fanout: Histogram,
-    /// Open downstream connections (kept by [`CountedIo`]).
+    /// Open downstream connections (kept by [`crate::accept::CountedIo`]).
     pub connections: Arc<AtomicI64>,
     /// Label sets of scrape-time gauges set before, so vanished ones are reset to 0.
     seen_gauges: Mutex<HashSet<GaugeKey>>,
@@ -381,6 +382,20 @@ impl std::fmt::Debug for Metrics {
 
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+impl AcceptReport for Metrics {
+    fn accept_failed(&self, listener: Listener, reason: AcceptError) {
+        self.accept_errors[listener as usize][reason as usize].increment(1);
+    }
+
+    fn connection_accepted(&self) {
+        self.connections_accepted.increment(1);
+    }
+
+    fn connection_refused(&self) {
+        self.connections_rejected.increment(1);
+    }
+}
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -418,8 +433,8 @@ impl Metrics {
         });
         let connections_accepted = counter(name::DOWNSTREAM_CONNECTIONS_ACCEPTED, vec![]);
         let connections_rejected = counter(name::DOWNSTREAM_CONNECTIONS_REJECTED, vec![]);
-        let accept_errors = crate::accept::Listener::ALL.map(|l| {
-            crate::accept::AcceptError::ALL.map(|e| {
+        let accept_errors = Listener::ALL.map(|l| {
+            AcceptError::ALL.map(|e| {
                 counter(
                     name::ACCEPT_ERRORS,
                     vec![
@@ -531,29 +546,12 @@ impl Metrics {
         self.rejected[reason as usize].increment(1);
     }
 
-    /// A connection closed at once because `max_connections` were open.
-    pub fn connection_rejected(&self) {
-        self.connections_rejected.increment(1);
-    }
-
-    pub fn accept_error(
-        &self,
-        listener: crate::accept::Listener,
-        reason: crate::accept::AcceptError,
-    ) {
-        self.accept_errors[listener as usize][reason as usize].increment(1);
-    }
-
     pub fn tls_handshake_failed(&self, reason: crate::tls::HandshakeFailure) {
         self.tls_handshake_failures[reason as usize].increment(1);
     }
 
     pub fn tls_reloaded(&self, result: crate::tls::Reload) {
         self.tls_reloads[result as usize].increment(1);
-    }
-
-    pub fn connection_accepted(&self) {
-        self.connections_accepted.increment(1);
     }
 
     pub fn response_sent(
@@ -817,90 +815,6 @@ fn with_every_family(mut text: String) -> String {
         text.push_str(&format!("# HELP {n} {help}\n# TYPE {n} {}\n", kind(n)));
     }
     text
-}
-
-/// A downstream connection, counted in [`Metrics::connections`] while it is open.
-#[derive(Debug)]
-pub struct CountedIo {
-    inner: tokio::net::TcpStream,
-    open: Arc<AtomicI64>,
-    /// Lets a graceful shutdown close this connection (reads end as if the client closed it).
-    drain: crate::drain::Registration,
-}
-
-impl CountedIo {
-    pub fn new(
-        inner: tokio::net::TcpStream,
-        metrics: &Metrics,
-        drain: crate::drain::Registration,
-    ) -> Self {
-        metrics.connection_accepted();
-        metrics.connections.fetch_add(1, Ordering::Relaxed);
-        CountedIo {
-            inner,
-            open: metrics.connections.clone(),
-            drain,
-        }
-    }
-}
-
-impl Drop for CountedIo {
-    fn drop(&mut self) {
-        self.open.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl tonic::transport::server::Connected for CountedIo {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
-    }
-}
-
-impl tokio::io::AsyncRead for CountedIo {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        if self.drain.handle.poll_closed(cx).is_ready() {
-            // End of stream: the HTTP/2 server drops the connection and the client reconnects.
-            return std::task::Poll::Ready(Ok(()));
-        }
-        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for CountedIo {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_write_vectored(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }
 
 #[cfg(test)]

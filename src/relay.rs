@@ -1,113 +1,38 @@
-//! The relay's shared runtime state: aggregation groups, each with its protocol state behind a lock,
-//! its downstream mailboxes and its upstream task. Implements [`StreamHost`] for downstream streams,
-//! keeps the registry of connected clients (admin API, CSDS) and records the relay's metrics.
+//! The relay's registry: its aggregation groups (created on a node's first stream, with their
+//! upstream tasks) and its connected clients (admin API, CSDS). Implements [`StreamHost`] for
+//! downstream streams: admission, group membership, and applying a stream's effects to its group.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use dashmap::DashMap;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tonic::Status;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::downstream::{ClientEntry, Mailbox, StreamEvent, StreamHost};
-use crate::grouping::{identity_digest, same_identity, Assignment, Grouping, IgnoredFields};
+use crate::group::Group;
+use crate::grouping::{identity_digest, same_identity, Assignment, Grouping};
 use crate::metrics::{GroupScrape, Metrics, Rejection, ScrapeState, UnsubscribedScrape};
 use crate::pb::core::Node;
 use crate::sync::lock;
 use crate::token_bucket::TokenBucket;
 use crate::xds::constraints::Params;
-use crate::xds::{
-    ChangeSet, GroupState, Locator, Lookup, RequestEffects, Store, StreamId, WILDCARD,
-};
-
-/// The upstream connection of one group, as operators see it on /readyz.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct UpstreamStatus {
-    pub connected: bool,
-    #[serde(serialize_with = "crate::admin::rfc3339::option")]
-    pub connected_since: Option<SystemTime>,
-    #[serde(serialize_with = "crate::admin::rfc3339::option")]
-    pub last_response: Option<SystemTime>,
-    /// At least one response was received since the group was created: its cache holds upstream
-    /// data, so it can serve while the upstream is down.
-    pub synced_once: bool,
-    pub streams_opened: u64,
-    pub responses: u64,
-    pub nacks_sent: u64,
-    pub last_error: Option<String>,
-    /// The control-plane address in use (or being tried).
-    pub upstream: Option<String>,
-    /// Attempts moved to another control-plane address after a failure.
-    pub failovers: u64,
-    /// Periodic resyncs done, and the resources they found different and repaired.
-    pub resyncs: u64,
-    pub drift_repairs: u64,
-    #[serde(serialize_with = "crate::admin::rfc3339::option")]
-    pub last_resync: Option<SystemTime>,
-    /// When the upstream stream was lost (None while connected).
-    #[serde(serialize_with = "crate::admin::rfc3339::option")]
-    pub disconnected_since: Option<SystemTime>,
-}
-
-/// One aggregation group: the downstream clients of one upstream identity.
-#[derive(Debug)]
-pub struct Group {
-    pub name: String,
-    pub state: Mutex<GroupState>,
-    pub status: Mutex<UpstreamStatus>,
-    streams: DashMap<StreamId, Arc<Mailbox>>,
-    /// Wakes the upstream task when the interest changed.
-    pub upstream_wake: Notify,
-    /// The node the relay presents upstream for this group (its identity, D1).
-    pub upstream_node: Node,
-    /// The node fields the group ignores, as its first member had them.
-    first_member: IgnoredFields,
-    /// Members that joined differing from the first in ignored fields.
-    pub member_mismatches: AtomicU64,
-    /// Ignored fields already reported at warn level (later mismatches log at debug).
-    mismatch_logged: Mutex<HashSet<&'static str>>,
-    /// The group started from the cache snapshot, whose content was current at this time
-    /// (README "Warm restart").
-    pub seeded_as_of: Option<SystemTime>,
-}
-
-impl Group {
-    /// Delivers a change set to every stream subscribed to one of its names.
-    pub fn publish(&self, changes: ChangeSet, affected: impl IntoIterator<Item = StreamId>) {
-        let changes = Arc::new(changes);
-        for id in affected {
-            if let Some(mailbox) = self.streams.get(&id) {
-                mailbox.post(&changes);
-            }
-        }
-    }
-
-    pub fn stream_count(&self) -> usize {
-        self.streams.len()
-    }
-
-    /// The mailboxes of the group's open streams (graceful drain closes them in batches).
-    pub fn mailboxes(&self) -> Vec<(StreamId, Arc<Mailbox>)> {
-        self.streams
-            .iter()
-            .map(|e| (*e.key(), e.value().clone()))
-            .collect()
-    }
-}
+use crate::xds::{GroupState, Locator, Lookup, RequestEffects, Store, StreamId, WILDCARD};
 
 #[derive(Debug)]
 pub struct Relay {
     pub config: Arc<Config>,
     groups: DashMap<String, Arc<Group>>,
+    /// Held while a group is created, so two first streams of one group create it once.
+    creating: Mutex<()>,
     next_stream: AtomicU64,
     /// The upstream answered at least once (probe or any group).
     pub upstream_reached: Arc<AtomicBool>,
     shutdown: watch::Receiver<bool>,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
     /// Graceful shutdown: open connections and whether the relay is draining.
     pub drain: Arc<crate::drain::Drain>,
     /// Every open downstream stream, for the admin API and CSDS.
@@ -138,10 +63,11 @@ impl Relay {
             admission,
             config: Arc::new(config),
             groups: DashMap::new(),
+            creating: Mutex::new(()),
             next_stream: AtomicU64::new(1),
             upstream_reached: Arc::new(AtomicBool::new(false)),
             shutdown,
-            metrics: Metrics::new(),
+            metrics: Arc::new(Metrics::new()),
             drain: Arc::default(),
             clients: DashMap::new(),
             snapshot: Default::default(),
@@ -247,15 +173,25 @@ impl Relay {
                 name = format!("{name}~{}", identity_digest(&a.upstream));
             }
         }
-        let group = match self.groups.get(&name) {
-            Some(g) => g.clone(),
-            None => self
-                .groups
-                .entry(name.clone())
-                .or_insert_with(|| self.new_group(name.clone(), &a))
-                .clone(),
+        let existing = self.groups.get(&name).map(|g| g.clone());
+        let group = match existing {
+            Some(g) => g,
+            None => {
+                // Creation (snapshot restore, two tasks) runs under its own lock, not the map's:
+                // streams of other groups are never held up by it.
+                let _creating = lock(&self.creating);
+                let existing = self.groups.get(&name).map(|g| g.clone());
+                match existing {
+                    Some(g) => g,
+                    None => {
+                        let g = self.new_group(name.clone(), &a);
+                        self.groups.insert(name, g.clone());
+                        g
+                    }
+                }
+            }
         };
-        self.check_member(&group, node, &a);
+        group.check_member(node, &a);
         Ok(group)
     }
 
@@ -271,18 +207,7 @@ impl Relay {
             &mut state,
             self.config.unsubscribe_linger,
         );
-        let group = Arc::new(Group {
-            name,
-            state: Mutex::new(state),
-            status: Mutex::new(UpstreamStatus::default()),
-            streams: DashMap::new(),
-            upstream_wake: Notify::new(),
-            upstream_node: a.upstream.clone(),
-            first_member: a.ignored.clone(),
-            member_mismatches: AtomicU64::new(0),
-            mismatch_logged: Mutex::new(HashSet::new()),
-            seeded_as_of,
-        });
+        let group = Arc::new(Group::new(name, a, state, seeded_as_of));
         tokio::spawn(crate::upstream::housekeeping(
             group.clone(),
             self.shutdown.clone(),
@@ -294,33 +219,6 @@ impl Relay {
             self.shutdown.clone(),
         ));
         group
-    }
-
-    /// Makes a member that differs from the group's first member in fields the group ignores
-    /// visible: the control plane tailors config to the one node the relay presents, so such a
-    /// member may get config meant for another node.
-    fn check_member(&self, group: &Group, node: &Node, a: &Assignment) {
-        let differ = group.first_member.differences(&a.ignored);
-        if differ.is_empty() {
-            return;
-        }
-        group.member_mismatches.fetch_add(1, Ordering::Relaxed);
-        let mut logged = lock(&group.mismatch_logged);
-        let new: Vec<&str> = differ
-            .iter()
-            .copied()
-            .filter(|f| logged.insert(f))
-            .collect();
-        drop(logged);
-        if new.is_empty() {
-            debug!(group = %group.name, node_id = %node.id, fields = ?differ,
-                "group member differs from the first member in fields the group ignores");
-        } else {
-            warn!(group = %group.name, node_id = %node.id, cluster = %node.cluster, fields = ?differ,
-                "group member differs from the group's first member in node fields the group \
-                 ignores; the control plane sees one node for the whole group (add the field to \
-                 the group's key, e.g. metadata_keys, if it tailors config by it)");
-        }
     }
 
     pub fn groups(&self) -> Vec<Arc<Group>> {
@@ -373,7 +271,7 @@ impl StreamHost for Relay {
         let group = self.group_for(node).inspect_err(|_| {
             self.metrics.stream_rejected(Rejection::NoGroup);
         })?;
-        group.streams.insert(id, mailbox);
+        group.attach(id, mailbox);
         Ok(group)
     }
 
@@ -426,7 +324,7 @@ impl StreamHost for Relay {
 
     fn close(&self, group: Arc<Group>, id: StreamId, held: Vec<(String, Locator)>) {
         self.clients.remove(&id);
-        group.streams.remove(&id);
+        group.detach(id);
         lock(&group.state).remove_stream(id, &held, Instant::now());
         group.upstream_wake.notify_one();
     }
@@ -436,7 +334,7 @@ impl StreamHost for Relay {
     }
 
     fn limits(&self) -> crate::downstream::limits::StreamLimits {
-        self.config.limits.stream()
+        crate::downstream::limits::StreamLimits::from_settings(&self.config.limits)
     }
 
     fn group_name(&self, group: &Arc<Group>) -> String {
@@ -487,4 +385,30 @@ pub fn params_from_metadata(node: &Node, keys: &[String]) -> Params {
             Some((k.clone(), v))
         })
         .collect()
+}
+
+impl crate::snapshot::Host for Relay {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn snapshot_state(&self) -> &crate::snapshot::SnapshotState {
+        &self.snapshot
+    }
+
+    fn groups(&self) -> Vec<Arc<Group>> {
+        Relay::groups(self)
+    }
+
+    fn snapshot_loaded(&self, resources: usize, age: std::time::Duration) {
+        self.metrics.snapshot_loaded(resources, age);
+    }
+
+    fn snapshot_rejected(&self, reason: &'static str) {
+        self.metrics.snapshot_rejected(reason);
+    }
+
+    fn snapshot_written(&self, ok: bool) {
+        self.metrics.snapshot_written(ok);
+    }
 }

@@ -32,9 +32,9 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::config::{Config, SnapshotConfig};
+use crate::group::Group;
 use crate::grouping::same_identity;
 use crate::pb::core::Node;
-use crate::relay::Relay;
 use crate::sync::lock;
 use crate::xds::store::{ExportedResource, ExportedType};
 use crate::xds::{CachedResource, GroupState, Locator, WILDCARD};
@@ -569,10 +569,22 @@ impl SnapshotState {
     }
 }
 
+/// What loading and writing the snapshot need from the relay (the relay implements it): the
+/// settings, the loaded-but-unclaimed groups, the live groups, and where to report.
+pub trait Host: Send + Sync + 'static {
+    fn config(&self) -> &Config;
+    fn snapshot_state(&self) -> &SnapshotState;
+    fn groups(&self) -> Vec<Arc<Group>>;
+    fn snapshot_loaded(&self, resources: usize, age: Duration);
+    /// `reason` is one of [`Rejection::REASONS`].
+    fn snapshot_rejected(&self, reason: &'static str);
+    fn snapshot_written(&self, ok: bool);
+}
+
 /// Loads the configured snapshot into `relay` before it serves. A missing file is a cold start;
 /// any other failure is one warn line naming the file and the reason, and a cold start.
-pub fn load(relay: &Relay) {
-    let Some(cfg) = relay.config.snapshot.as_ref() else {
+pub fn load(relay: &impl Host) {
+    let Some(cfg) = relay.config().snapshot.as_ref() else {
         return;
     };
     let clock = Clock::now();
@@ -584,7 +596,7 @@ pub fn load(relay: &Relay) {
         }
         Err(e) => return reject(relay, cfg, Rejection::Unreadable(e)),
     };
-    let fp = fingerprint(&relay.config);
+    let fp = fingerprint(relay.config());
     let mut snapshot = match decode(&data, &fp, clock, cfg.max_staleness) {
         Ok(s) => s,
         Err(e) => return reject(relay, cfg, e),
@@ -611,23 +623,23 @@ pub fn load(relay: &Relay) {
         .unwrap_or_default();
     info!(path = %cfg.path.display(), groups = snapshot.groups.len(), resources,
         age_secs = age.as_secs(), "cache snapshot loaded; serving from it until the upstream answers");
-    relay.metrics.snapshot_loaded(resources, age);
-    let _ = relay.snapshot.loaded.set(LoadedInfo {
+    relay.snapshot_loaded(resources, age);
+    let _ = relay.snapshot_state().loaded.set(LoadedInfo {
         path: cfg.path.clone(),
         written_at: snapshot.written_at,
         resources,
     });
-    *lock(&relay.snapshot.pending) = snapshot.groups;
+    *lock(&relay.snapshot_state().pending) = snapshot.groups;
 }
 
-fn reject(relay: &Relay, cfg: &SnapshotConfig, why: Rejection) {
+fn reject(relay: &impl Host, cfg: &SnapshotConfig, why: Rejection) {
     warn!(path = %cfg.path.display(), reason = why.reason(),
         "snapshot {} rejected: {why}; starting with an empty cache", cfg.path.display());
-    relay.metrics.snapshot_rejected(why.reason());
+    relay.snapshot_rejected(why.reason());
 }
 
 /// Collects every group (and every saved group not claimed yet) into a snapshot.
-fn collect(relay: &Relay, clock: Clock) -> Snapshot {
+fn collect(relay: &impl Host, clock: Clock) -> Snapshot {
     let mut groups = BTreeMap::new();
     for g in relay.groups() {
         let status = lock(&g.status).clone();
@@ -647,7 +659,7 @@ fn collect(relay: &Relay, clock: Clock) -> Snapshot {
         let seed = export_group(&lock(&g.state), &g.upstream_node, as_of, clock.instant);
         groups.insert(g.name.clone(), seed);
     }
-    for (name, seed) in lock(&relay.snapshot.pending).iter() {
+    for (name, seed) in lock(&relay.snapshot_state().pending).iter() {
         groups.entry(name.clone()).or_insert_with(|| seed.clone());
     }
     Snapshot {
@@ -657,11 +669,11 @@ fn collect(relay: &Relay, clock: Clock) -> Snapshot {
 }
 
 /// Writes the snapshot now (periodic writer and graceful shutdown). Returns the resources saved.
-pub async fn write(relay: &Arc<Relay>) -> Result<usize, WriteError> {
-    let Some(cfg) = relay.config.snapshot.clone() else {
+pub async fn write(relay: &impl Host) -> Result<usize, WriteError> {
+    let Some(cfg) = relay.config().snapshot.clone() else {
         return Ok(0);
     };
-    let _one_at_a_time = relay.snapshot.writing.lock().await;
+    let _one_at_a_time = relay.snapshot_state().writing.lock().await;
     let clock = Clock::now();
     let snapshot = collect(relay, clock);
     let resources = snapshot
@@ -669,18 +681,18 @@ pub async fn write(relay: &Arc<Relay>) -> Result<usize, WriteError> {
         .values()
         .map(GroupSeed::resource_count)
         .sum();
-    let data = encode(&snapshot, &fingerprint(&relay.config), clock);
+    let data = encode(&snapshot, &fingerprint(relay.config()), clock);
     let result = tokio::task::spawn_blocking(move || write_atomically(&cfg.path, &data))
         .await
         .map_err(|e| WriteError::Task(e.to_string()))
         .and_then(|r| r);
-    relay.metrics.snapshot_written(result.is_ok());
+    relay.snapshot_written(result.is_ok());
     result.map(|()| resources)
 }
 
 /// Rewrites the snapshot every `snapshot_interval` until shutdown.
-pub async fn run(relay: Arc<Relay>, mut shutdown: watch::Receiver<bool>) {
-    let Some(interval) = relay.config.snapshot.as_ref().map(|c| c.interval) else {
+pub async fn run(relay: Arc<impl Host>, mut shutdown: watch::Receiver<bool>) {
+    let Some(interval) = relay.config().snapshot.as_ref().map(|c| c.interval) else {
         return;
     };
     loop {
@@ -688,7 +700,7 @@ pub async fn run(relay: Arc<Relay>, mut shutdown: watch::Receiver<bool>) {
             () = tokio::time::sleep(interval) => {}
             _ = shutdown.changed() => return,
         }
-        match write(&relay).await {
+        match write(&*relay).await {
             Ok(resources) => debug!(resources, "cache snapshot written"),
             Err(e) => warn!(error = %e, "cache snapshot not written; the previous one is kept"),
         }
@@ -697,8 +709,8 @@ pub async fn run(relay: Arc<Relay>, mut shutdown: watch::Receiver<bool>) {
 
 /// The write at the start of a graceful shutdown, while clients are still connected and their
 /// interest is intact.
-pub async fn write_on_shutdown(relay: &Arc<Relay>) {
-    if relay.config.snapshot.is_none() {
+pub async fn write_on_shutdown(relay: &impl Host) {
+    if relay.config().snapshot.is_none() {
         return;
     }
     match write(relay).await {

@@ -30,7 +30,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 use tracing::{debug, info, warn};
 
-use crate::metrics::CountedIo;
+use crate::accept::CountedIo;
 use crate::sync::lock;
 
 /// How long a client may take to complete its handshake.

@@ -1,14 +1,13 @@
-//! The upstream side of one aggregation group: a single Delta ADS stream to the control plane
-//! carrying the group's refcounted interest. Connects (retrying with jittered backoff until the
-//! control plane is reachable), re-establishes every subscription with `initial_resource_versions`
-//! from the cache after any reconnect (C4), applies responses to the group's store, ACKs or NACKs
-//! each one itself (C7, C8), and fans the changes out to subscribed streams.
+//! The upstream side of one aggregation group at run time: a single Delta ADS stream to the control
+//! plane carrying the group's refcounted interest. This task connects (retrying with jittered
+//! backoff, failing over between addresses, resyncing periodically), sends what the core's
+//! [`UpstreamSession`] says to send (subscriptions on open, C4; ACK/NACK, C7, C8; interest
+//! changes) and publishes the changes it reports to the group's streams.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
@@ -16,21 +15,12 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::backoff::Backoff;
 use crate::config::Config;
-use crate::pb::core::Node;
-use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceLocator};
+use crate::group::Group;
+use crate::pb::discovery::DeltaDiscoveryRequest;
 use crate::pb::relay_ads::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use crate::pb::rpc;
 use crate::pb::wire::DeltaDiscoveryResponse;
-use crate::relay::Group;
 use crate::sync::lock;
-use crate::xds::{Locator, UpstreamUpdate};
-
-/// gRPC status code NOT_FOUND, which TP3 `resource_errors` use to say a resource does not exist.
-const NOT_FOUND: i32 = 5;
-/// gRPC status code INTERNAL, used in NACKs as Envoy does.
-const INTERNAL: i32 = 13;
-/// NACK messages are truncated like Envoy's so a huge error cannot bloat the upstream request.
-const MAX_NACK_MESSAGE: usize = 4096;
+use crate::xds::{UpstreamSession, Verdict};
 
 #[derive(Debug, thiserror::Error)]
 enum SessionError {
@@ -153,7 +143,7 @@ pub async fn run(
 ) {
     let span = tracing::info_span!("upstream", group = %group.name);
     async move {
-        let node = group.upstream_node.clone();
+        let protocol = UpstreamSession::new(group.upstream_node.clone());
         let mut backoff = Backoff::new(config.backoff_initial, config.backoff_max);
         // The server that last answered: versions are per server, so only it gets IRV (C6).
         let mut last_answered: Option<usize> = None;
@@ -171,7 +161,7 @@ pub async fn run(
             attempt.answered = false;
             lock(&group.status).upstream = Some(config.upstreams[attempt.target].to_string());
             let ended = tokio::select! {
-                r = session(&config, &group, &node, &reached, &mut backoff, &mut attempt) => r,
+                r = one_stream(&config, &group, &protocol, &reached, &mut backoff, &mut attempt) => r,
                 _ = shutdown.changed() => return,
             };
             if attempt.answered {
@@ -219,10 +209,10 @@ pub async fn run(
     .await
 }
 
-async fn session(
+async fn one_stream(
     config: &Config,
     group: &Group,
-    node: &Node,
+    protocol: &UpstreamSession,
     reached: &AtomicBool,
     backoff: &mut Backoff,
     attempt: &mut Attempt,
@@ -235,34 +225,7 @@ async fn session(
     let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(1024);
 
     // C4: one request per type with everything still wanted and the versions held for it.
-    let initial: Vec<DeltaDiscoveryRequest> = {
-        let mut state = lock(&group.state);
-        let types = state.interest.resubscribe_all();
-        types
-            .into_iter()
-            .map(|(type_url, names)| {
-                let wildcard = state.interest.is_wildcard(&type_url);
-                // Glob members and aliased resources count too (A25, A28): kept by their
-                // collection or alias, so the upstream reports their removals while away.
-                let irv = if attempt.send_versions {
-                    state
-                        .store
-                        .initial_versions(&type_url, |n| wildcard || state.keeps(&type_url, n))
-                } else {
-                    Default::default()
-                };
-                let (names, locators) = split_locators(&names);
-                DeltaDiscoveryRequest {
-                    node: Some(node.clone()),
-                    resource_names_subscribe: names,
-                    resource_locators_subscribe: locators,
-                    initial_resource_versions: irv,
-                    type_url,
-                    ..Default::default()
-                }
-            })
-            .collect()
-    };
+    let initial = protocol.initial_requests(&mut lock(&group.state), attempt.send_versions);
     // A resync counts the first response per type (within the window) as the reconciliation.
     let mut resync_types: std::collections::HashSet<String> = if attempt.resync {
         initial.iter().map(|r| r.type_url.clone()).collect()
@@ -303,7 +266,7 @@ async fn session(
                 reached.store(true, Ordering::Relaxed);
                 let counts_as_drift = resync_types.remove(&resp.type_url)
                     && opened.elapsed() < RESYNC_WINDOW;
-                let (reply, changed) = apply_response(group, node, resp)?;
+                let (reply, changed) = on_response(group, protocol, resp)?;
                 if counts_as_drift && changed > 0 {
                     info!(repaired = changed, "resync found drift between the cache and the control plane; repaired");
                     lock(&group.status).drift_repairs += changed as u64;
@@ -312,7 +275,7 @@ async fn session(
             }
             () = sleep_until_opt(resync_at) => return Err(SessionError::Resync),
             () = group.upstream_wake.notified() => {
-                send_interest_changes(group, node, &tx).await?;
+                send_interest_changes(group, protocol, &tx).await?;
                 if lock(&group.state).take_resync() {
                     // A wildcard taken again after it lapsed got no answer: the server may hold
                     // names as sent that the cache forgot. A new stream resends them (C4).
@@ -333,56 +296,19 @@ async fn send(
 
 async fn send_interest_changes(
     group: &Group,
-    node: &Node,
+    protocol: &UpstreamSession,
     tx: &mpsc::Sender<DeltaDiscoveryRequest>,
 ) -> Result<(), SessionError> {
-    let changes = {
-        let mut state = lock(&group.state);
-        let changes = state.take_upstream_changes();
-        // A "*" sent now that the upstream need not answer is waited for from now on.
-        state.interest.arm_wildcard_waits(Instant::now());
-        changes
-    };
-    for c in changes {
-        debug!(type_url = %c.type_url, subscribe = ?c.subscribe, unsubscribe = ?c.unsubscribe,
+    let requests = protocol.interest_requests(&mut lock(&group.state), Instant::now());
+    for req in requests {
+        debug!(type_url = %req.type_url, subscribe = ?req.resource_names_subscribe,
+            unsubscribe = ?req.resource_names_unsubscribe,
+            subscribe_locators = req.resource_locators_subscribe.len(),
+            unsubscribe_locators = req.resource_locators_unsubscribe.len(),
             "upstream subscription change");
-        let (subscribe, subscribe_locators) = split_locators(&c.subscribe);
-        let (unsubscribe, unsubscribe_locators) = split_locators(&c.unsubscribe);
-        send(
-            tx,
-            DeltaDiscoveryRequest {
-                node: Some(node.clone()),
-                type_url: c.type_url,
-                resource_names_subscribe: subscribe,
-                resource_names_unsubscribe: unsubscribe,
-                resource_locators_subscribe: subscribe_locators,
-                resource_locators_unsubscribe: unsubscribe_locators,
-                ..Default::default()
-            },
-        )
-        .await?;
+        send(tx, req).await?;
     }
     Ok(())
-}
-
-/// Plain locators go upstream as names, the rest as `ResourceLocator`s with their parameters (E13).
-fn split_locators(locators: &[Locator]) -> (Vec<String>, Vec<ResourceLocator>) {
-    let (plain, with_params): (Vec<&Locator>, Vec<&Locator>) =
-        locators.iter().partition(|l| l.is_plain());
-    (
-        plain.iter().map(|l| l.name.to_string()).collect(),
-        with_params
-            .iter()
-            .map(|l| ResourceLocator {
-                name: l.name.to_string(),
-                dynamic_parameters: l
-                    .params
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-            })
-            .collect(),
-    )
 }
 
 async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
@@ -392,113 +318,49 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     }
 }
 
-/// Applies one upstream response and returns the ACK or NACK for it, and how many names changed.
-fn apply_response(
+/// Applies one upstream response through the core, publishes its changes and records it on the
+/// group's status; returns the ACK or NACK for it and how many names changed.
+fn on_response(
     group: &Group,
-    node: &Node,
+    protocol: &UpstreamSession,
     resp: DeltaDiscoveryResponse,
 ) -> Result<(DeltaDiscoveryRequest, usize), SessionError> {
-    let mut changed = 0;
-    let received_at = Instant::now();
-    if resp.nonce.is_empty() {
-        // F8: a response without a nonce cannot be acknowledged; start over.
-        return Err(SessionError::Protocol(format!(
-            "DeltaDiscoveryResponse for {:?} has no nonce",
-            resp.type_url
-        )));
+    let (type_url, nonce) = (resp.type_url.clone(), resp.nonce.clone());
+    let outcome = protocol
+        .on_response(&mut lock(&group.state), resp, Instant::now())
+        .map_err(|e| SessionError::Protocol(e.to_string()))?;
+    if outcome.interest_changed {
+        group.upstream_wake.notify_one();
     }
-    // Received bytes share the stream's receive buffer; the cache keeps its own copy.
-    let resources: Vec<Bytes> = resp
-        .resources
-        .iter()
-        .map(|b| Bytes::copy_from_slice(b))
-        .collect();
-    let mut removed: Vec<String> = resp.removed_resources;
-    // C14: NOT_FOUND in resource_errors means the same as removed_resources; other errors are
-    // passed through to the subscribers of those names (TP3).
-    let (not_found, errors): (Vec<_>, Vec<_>) = resp
-        .resource_errors
-        .into_iter()
-        .partition(|e| e.error_detail.as_ref().is_some_and(|s| s.code == NOT_FOUND));
-    removed.extend(
-        not_found
-            .into_iter()
-            .filter_map(|e| e.resource_name.map(|r| r.name)),
-    );
-    removed.sort();
-    removed.dedup();
-    let update = UpstreamUpdate {
-        resources,
-        removed,
-        removed_variants: resp.removed_resource_names,
-        errors,
-        received_at: Some(received_at),
-    };
-
-    let outcome = {
-        let mut state = lock(&group.state);
-        if !state.interest.has_type(&resp.type_url) {
-            // C10: never asked for this type; nothing to cache or fan out.
-            Ok(None)
-        } else {
-            let evicted = state.unsubscribed.evicted_budget;
-            let outcome = state
-                .apply_upstream(&resp.type_url, update)
-                .map(|mut changes| {
-                    changes.received_at = Some(received_at);
-                    let affected = state.affected(&changes);
-                    Some((changes, affected))
-                });
-            if state.unsubscribed.evicted_budget != evicted {
-                // The update pushed kept names over the budget: send their unsubscribes now.
-                group.upstream_wake.notify_one();
-            }
-            outcome
+    {
+        let mut status = lock(&group.status);
+        status.responses += 1;
+        status.last_response = Some(SystemTime::now());
+        status.synced_once = true;
+        if matches!(outcome.verdict, Verdict::Rejected { .. }) {
+            status.nacks_sent += 1;
         }
-    };
-    let mut status = lock(&group.status);
-    status.responses += 1;
-    status.last_response = Some(SystemTime::now());
-    status.synced_once = true;
-    let mut reply = DeltaDiscoveryRequest {
-        node: Some(node.clone()),
-        type_url: resp.type_url.clone(),
-        response_nonce: resp.nonce.clone(),
-        ..Default::default()
-    };
-    match outcome {
-        Ok(Some((changes, affected))) => {
-            debug!(type_url = %resp.type_url, nonce = %resp.nonce, changed = changes.names.len(), "upstream update");
-            drop(status);
-            changed = changes.names.len();
+    }
+    let changed = match outcome.verdict {
+        Verdict::Applied { changes, affected } => {
+            debug!(%type_url, %nonce, changed = changes.names.len(), "upstream update");
+            let changed = changes.names.len();
             if !changes.is_empty() {
                 group.publish(changes, affected);
             }
+            changed
         }
-        Ok(None) => {
-            warn!(type_url = %resp.type_url, "ignoring upstream response for a type the relay did not subscribe to");
+        Verdict::NotSubscribed => {
+            warn!(%type_url, "ignoring upstream response for a type the relay did not subscribe to");
+            0
         }
-        Err(e) => {
-            status.nacks_sent += 1;
-            let mut message = e.to_string();
-            if message.len() > MAX_NACK_MESSAGE {
-                let mut cut = MAX_NACK_MESSAGE;
-                while !message.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                message.truncate(cut);
-                message.push_str("...(truncated)");
-            }
-            warn!(type_url = %resp.type_url, nonce = %resp.nonce, error = %message,
+        Verdict::Rejected { message } => {
+            warn!(%type_url, %nonce, error = %message,
                 "rejecting upstream response (NACK); keeping the last good state");
-            reply.error_detail = Some(rpc::Status {
-                code: INTERNAL,
-                message,
-                details: vec![],
-            });
+            0
         }
-    }
-    Ok((reply, changed))
+    };
+    Ok((outcome.reply, changed))
 }
 
 /// Connects to the control plane once (retrying with backoff) so /readyz can tell a relay that has

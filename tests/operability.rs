@@ -503,7 +503,7 @@ fn assert_rfc3339_now(v: &serde_json::Value) {
     let now = std::time::SystemTime::now();
     let recent = (0..=60).any(|back| {
         let t = now - std::time::Duration::from_secs(back);
-        s.starts_with(&adsrelay::admin::rfc3339::format(t)[..19])
+        s.starts_with(&adsrelay::rfc3339::format(t)[..19])
     });
     assert!(
         s.len() == 24 && s.ends_with('Z') && recent,

@@ -1,6 +1,7 @@
 //! Upstream Delta responses (the shadow `adsrelay.wire.DeltaDiscoveryResponse`, resources kept as
 //! bytes) applied to a pre-populated group with `GroupState::apply_upstream`, converted to an
-//! `UpstreamUpdate` the way upstream.rs `apply_response` does (NOT_FOUND errors become removals).
+//! `UpstreamUpdate` by the upstream session's own `upstream_update` (NOT_FOUND errors become
+//! removals).
 //!
 //! Input: one flags byte (interest: wildcard or named; which type), then length-prefixed encoded
 //! responses applied in sequence. Invariants per response:
@@ -18,14 +19,12 @@ use std::time::Duration;
 use adsrelay::pb::discovery::ResourceError;
 use adsrelay::pb::wire;
 use adsrelay::xds::constraints;
-use adsrelay::xds::{CachedResource, GroupState, Locator, Lookup, Store, UpstreamUpdate, WILDCARD};
+use adsrelay::xds::upstream_session::upstream_update;
+use adsrelay::xds::{CachedResource, GroupState, Locator, Lookup, Store, WILDCARD};
 use adsrelay_fuzz::*;
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-
-/// gRPC NOT_FOUND: in `resource_errors` it means the resource does not exist (C14).
-const NOT_FOUND: i32 = 5;
 
 fuzz_target!(|data: &[u8]| run(data));
 
@@ -80,32 +79,13 @@ fn apply_and_check(group: &mut GroupState, resp: wire::DeltaDiscoveryResponse) {
         .collect();
     let interest_before = group.interest.upstream_subscriptions_by_type();
 
-    let resources: Vec<Bytes> = resp
-        .resources
-        .iter()
-        .map(|b| Bytes::copy_from_slice(b))
-        .collect();
-    let mut removed = resp.removed_resources.clone();
-    let (not_found, errors): (Vec<ResourceError>, Vec<ResourceError>) = resp
-        .resource_errors
-        .iter()
-        .cloned()
-        .partition(|e| e.error_detail.as_ref().is_some_and(|s| s.code == NOT_FOUND));
-    removed.extend(
-        not_found
-            .into_iter()
-            .filter_map(|e| e.resource_name.map(|r| r.name)),
+    // The translation the upstream session applies (NOT_FOUND errors become removals, C14).
+    let update = upstream_update(resp.clone(), epoch());
+    let (resources, removed, errors) = (
+        update.resources.clone(),
+        update.removed.clone(),
+        update.errors.clone(),
     );
-    removed.sort();
-    removed.dedup();
-    let update = UpstreamUpdate {
-        resources: resources.clone(),
-        removed: removed.clone(),
-        removed_variants: resp.removed_resource_names.clone(),
-        errors: errors.clone(),
-        received_at: Some(epoch()),
-    };
-
     match group.apply_upstream(&t, update) {
         Err(e) => {
             let _ = e.to_string();

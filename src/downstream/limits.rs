@@ -1,7 +1,7 @@
 //! Per-stream defences against hostile or broken clients: request validation (name lengths,
 //! subscription list sizes, locator parameters), a request-rate token bucket, and the mapping of
 //! transport errors (malformed protobuf, oversize messages) to a clear status. Pure functions and
-//! small state; the stream driver ([`super::stream`]) applies them. Every refusal names the
+//! small state; the stream driver (`downstream/stream.rs`) applies them. Every refusal names the
 //! problem, ends only the offending stream, and is counted by [`Rejection`] reason.
 
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use crate::pb::discovery::{DeltaDiscoveryRequest, DiscoveryRequest, ResourceLoca
 pub const MAX_LOCATOR_PARAMS: usize = 64;
 
 /// The per-stream limits a host enforces. [`StreamLimits::default`] is unlimited (the demo control
-/// plane); the relay takes its values from [`crate::config::Limits`].
+/// plane); the relay takes its values from its `[limits]` settings ([`StreamLimits::from_settings`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamLimits {
     /// Subscriptions (names, locators, a wildcard counting as one) held by one stream, all types.
@@ -43,6 +43,20 @@ impl Default for StreamLimits {
             request_burst: 0,
             stuck_timeout: Duration::ZERO,
             max_response_bytes: crate::xds::delta::DEFAULT_MAX_RESPONSE_BYTES,
+        }
+    }
+}
+
+impl StreamLimits {
+    /// The per-stream part of the relay's `[limits]` settings.
+    pub fn from_settings(l: &crate::config::Limits) -> Self {
+        StreamLimits {
+            max_subscriptions: l.max_subscriptions_per_stream,
+            max_name_bytes: l.max_name_bytes,
+            requests_per_second: l.max_requests_per_second,
+            request_burst: l.request_burst,
+            stuck_timeout: l.stuck_client_timeout,
+            max_response_bytes: l.max_response_bytes,
         }
     }
 }

@@ -11,6 +11,8 @@
 //! - [`unacked`]: what each unacknowledged response changed in a stream's record, undone on NACK.
 //! - [`xdstp`]: `xdstp://` names: parsing, canonical form, glob collections (A28, A29).
 //! - [`unsubscribed`]: names no client wants any more, kept fresh within a byte budget (LRU).
+//! - [`upstream_session`]: the group's upstream protocol: requests when a stream opens, ACK/NACK
+//!   and the change set of each response, requests when the interest changed.
 
 pub mod constraints;
 pub mod contract;
@@ -23,6 +25,7 @@ pub mod sotw;
 pub mod store;
 pub mod unacked;
 pub mod unsubscribed;
+pub mod upstream_session;
 pub mod xdstp;
 
 pub use contract::{
@@ -35,3 +38,4 @@ pub use interest::{Interest, UpstreamChange, WILDCARD};
 pub use resource::{CachedResource, Locator, Name};
 pub use sotw::SotwStream;
 pub use store::{ApplyError, ChangeSet, Lookup, Store, UpstreamUpdate};
+pub use upstream_session::{ResponseOutcome, UpstreamSession, Verdict};

@@ -76,6 +76,17 @@ struct TypeState {
 /// The variant and version of a resource the client holds.
 type Held = (ConstraintKey, String);
 
+/// How the client tells a resource it holds apart (B20): by name for a by-name subscription, by
+/// name and variant for a locator subscription.
+fn wire_identity(r: &super::CachedResource, by_name: bool) -> (Name, ConstraintKey) {
+    let variant = if by_name {
+        ConstraintKey::default()
+    } else {
+        r.key.clone()
+    };
+    (r.name.clone(), variant)
+}
+
 impl TypeState {
     /// Records that the response being built leaves the client holding `held` for `l` (or not).
     fn set_sent(&mut self, l: &Locator, held: Option<Held>) {
@@ -380,29 +391,27 @@ impl SotwStream {
         errors.dedup_by(|a, b| a.0 == b.0);
         let mut refetch = Vec::new();
         let mut out: Vec<Bytes> = Vec::new();
-        // B20: one entry per name (by-name subscribers) or per variant (locator subscribers).
-        // Returns whether the client holds `r` under its identity afterwards: `false` when two
-        // subscriptions of one name select different resources that would be sent alike.
-        let mut added: BTreeMap<(Name, ConstraintKey), (ConstraintKey, String)> = BTreeMap::new();
-        let mut push = |out: &mut Vec<Bytes>, r: &super::CachedResource, by_name: bool| {
-            let id = (
-                r.name.clone(),
-                if by_name {
-                    ConstraintKey::default()
-                } else {
-                    r.key.clone()
-                },
-            );
+        // B20: the client holds one resource per wire identity: the name for by-name subscribers,
+        // the name and variant for locator subscribers. When two subscriptions select different
+        // resources under one identity, the first in order holds it, in every response alike
+        // (else they would displace each other forever); the other waits for the conflict to end.
+        let mut claimed: BTreeMap<(Name, ConstraintKey), Held> = BTreeMap::new();
+        let mut claim = |r: &super::CachedResource, by_name: bool| -> bool {
             let held = (r.key.clone(), r.version.clone());
-            match added.get(&id) {
-                Some(prev) => *prev == held,
-                None => {
-                    added.insert(id, held);
-                    // Locator subscribers can take wrappers ([PROTO] resource_locators) and need
-                    // the constraints (E9).
-                    out.push(r.sotw_bytes(wrap || !by_name, by_name).clone());
+            match claimed.entry(wire_identity(r, by_name)) {
+                std::collections::btree_map::Entry::Occupied(e) => *e.get() == held,
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert(held);
                     true
                 }
+            }
+        };
+        let mut emitted = BTreeSet::new();
+        let mut emit = |out: &mut Vec<Bytes>, r: &super::CachedResource, by_name: bool| {
+            if emitted.insert(wire_identity(r, by_name)) {
+                // Locator subscribers can take wrappers ([PROTO] resource_locators) and need the
+                // constraints (E9).
+                out.push(r.sotw_bytes(wrap || !by_name, by_name).clone());
             }
         };
         if is_full_state(type_url) {
@@ -440,7 +449,8 @@ impl SotwStream {
             }
             let mut current = BTreeMap::new();
             for (l, by_name, r) in present {
-                if push(&mut out, r, by_name) {
+                if claim(r, by_name) {
+                    emit(&mut out, r, by_name);
                     current.insert(l.clone(), (r.key.clone(), r.version.clone()));
                 }
             }
@@ -479,17 +489,19 @@ impl SotwStream {
                     Lookup::Present(r) if withheld(ts, l, r) => {
                         refetch.push((type_url.to_string(), l.clone()));
                     }
+                    Lookup::Present(r) if !claim(r, *by_name) => {
+                        // Another subscription holds this identity at the client.
+                        ts.resend.remove(l);
+                        ts.set_sent(l, None);
+                    }
                     Lookup::Present(r) => {
                         let resend = ts.resend.remove(l) || ts.force;
                         let now = Some((r.key.clone(), r.version.clone()));
                         let changed =
                             ts.sent.get(l) != now.as_ref() && ts.rejected.get(l) != Some(&now);
                         if resend || changed {
-                            if push(&mut out, r, *by_name) {
-                                ts.set_sent(l, Some((r.key.clone(), r.version.clone())));
-                            } else {
-                                ts.set_sent(l, None);
-                            }
+                            emit(&mut out, r, *by_name);
+                            ts.set_sent(l, now);
                         }
                     }
                     // B3: a partial type cannot signal deletion; the client keeps what it has.

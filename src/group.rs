@@ -1,0 +1,150 @@
+//! One aggregation group at run time: its protocol state behind a lock, the mailboxes of its
+//! downstream streams, the wake-up for its upstream task, and the upstream status operators see.
+//! The relay creates groups and starts their tasks (the upstream module); this module only holds
+//! what both sides share.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use dashmap::DashMap;
+use tokio::sync::Notify;
+use tracing::{debug, warn};
+
+use crate::downstream::Mailbox;
+use crate::grouping::{Assignment, IgnoredFields};
+use crate::pb::core::Node;
+use crate::sync::lock;
+use crate::xds::{ChangeSet, GroupState, StreamId};
+
+/// The upstream connection of one group, as operators see it on /readyz.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct UpstreamStatus {
+    pub connected: bool,
+    #[serde(serialize_with = "crate::rfc3339::option")]
+    pub connected_since: Option<SystemTime>,
+    #[serde(serialize_with = "crate::rfc3339::option")]
+    pub last_response: Option<SystemTime>,
+    /// At least one response was received since the group was created: its cache holds upstream
+    /// data, so it can serve while the upstream is down.
+    pub synced_once: bool,
+    pub streams_opened: u64,
+    pub responses: u64,
+    pub nacks_sent: u64,
+    pub last_error: Option<String>,
+    /// The control-plane address in use (or being tried).
+    pub upstream: Option<String>,
+    /// Attempts moved to another control-plane address after a failure.
+    pub failovers: u64,
+    /// Periodic resyncs done, and the resources they found different and repaired.
+    pub resyncs: u64,
+    pub drift_repairs: u64,
+    #[serde(serialize_with = "crate::rfc3339::option")]
+    pub last_resync: Option<SystemTime>,
+    /// When the upstream stream was lost (None while connected).
+    #[serde(serialize_with = "crate::rfc3339::option")]
+    pub disconnected_since: Option<SystemTime>,
+}
+
+/// One aggregation group: the downstream clients of one upstream identity.
+#[derive(Debug)]
+pub struct Group {
+    pub name: String,
+    pub state: Mutex<GroupState>,
+    pub status: Mutex<UpstreamStatus>,
+    streams: DashMap<StreamId, Arc<Mailbox>>,
+    /// Wakes the upstream task when the interest changed.
+    pub upstream_wake: Notify,
+    /// The node the relay presents upstream for this group (its identity, D1).
+    pub upstream_node: Node,
+    /// The node fields the group ignores, as its first member had them.
+    first_member: IgnoredFields,
+    /// Members that joined differing from the first in ignored fields.
+    pub member_mismatches: AtomicU64,
+    /// Ignored fields already reported at warn level (later mismatches log at debug).
+    mismatch_logged: Mutex<HashSet<&'static str>>,
+    /// The group started from the cache snapshot, whose content was current at this time
+    /// (README "Warm restart").
+    pub seeded_as_of: Option<SystemTime>,
+}
+
+impl Group {
+    pub fn new(
+        name: String,
+        assignment: &Assignment,
+        state: GroupState,
+        seeded_as_of: Option<SystemTime>,
+    ) -> Self {
+        Group {
+            name,
+            state: Mutex::new(state),
+            status: Mutex::new(UpstreamStatus::default()),
+            streams: DashMap::new(),
+            upstream_wake: Notify::new(),
+            upstream_node: assignment.upstream.clone(),
+            first_member: assignment.ignored.clone(),
+            member_mismatches: AtomicU64::new(0),
+            mismatch_logged: Mutex::new(HashSet::new()),
+            seeded_as_of,
+        }
+    }
+
+    /// A downstream stream joined: changes for its subscriptions reach `mailbox`.
+    pub fn attach(&self, id: StreamId, mailbox: Arc<Mailbox>) {
+        self.streams.insert(id, mailbox);
+    }
+
+    pub fn detach(&self, id: StreamId) {
+        self.streams.remove(&id);
+    }
+
+    /// Delivers a change set to every stream subscribed to one of its names.
+    pub fn publish(&self, changes: ChangeSet, affected: impl IntoIterator<Item = StreamId>) {
+        let changes = Arc::new(changes);
+        for id in affected {
+            if let Some(mailbox) = self.streams.get(&id) {
+                mailbox.post(&changes);
+            }
+        }
+    }
+
+    pub fn stream_count(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// The mailboxes of the group's open streams (graceful drain closes them in batches).
+    pub fn mailboxes(&self) -> Vec<(StreamId, Arc<Mailbox>)> {
+        self.streams
+            .iter()
+            .map(|e| (*e.key(), e.value().clone()))
+            .collect()
+    }
+
+    /// Makes a member that differs from the group's first member in fields the group ignores
+    /// visible: the control plane tailors config to the one node the relay presents, so such a
+    /// member may get config meant for another node.
+    pub fn check_member(&self, node: &Node, a: &Assignment) {
+        let differ = self.first_member.differences(&a.ignored);
+        if differ.is_empty() {
+            return;
+        }
+        self.member_mismatches.fetch_add(1, Ordering::Relaxed);
+        let mut logged = lock(&self.mismatch_logged);
+        let new: Vec<&str> = differ
+            .iter()
+            .copied()
+            .filter(|f| logged.insert(f))
+            .collect();
+        drop(logged);
+        if new.is_empty() {
+            debug!(group = %self.name, node_id = %node.id, fields = ?differ,
+                "group member differs from the first member in fields the group ignores");
+        } else {
+            warn!(group = %self.name, node_id = %node.id, cluster = %node.cluster, fields = ?differ,
+                "group member differs from the group's first member in node fields the group \
+                 ignores; the control plane sees one node for the whole group (add the field to \
+                 the group's key, e.g. metadata_keys, if it tailors config by it)");
+        }
+    }
+}
