@@ -337,7 +337,7 @@ struct ClientInfo {
     node_id: String,
     cluster: String,
     group: String,
-    protocol: &'static str,
+    protocol: crate::xds::Protocol,
     #[serde(serialize_with = "crate::rfc3339::serialize")]
     connected_since: SystemTime,
     types: Vec<ClientType>,

@@ -5,14 +5,18 @@
 //! # Layout
 //! The protocol core, free of I/O (tests drive it directly):
 //! - [`xds`]: resource store, refcounted interest, the per-stream Delta and SotW state machines,
-//!   shared response frames, a group's subscriber index, xdstp names, TP2 variant matching.
+//!   shared response frames, a group's subscriber index, the upstream session (what to send the
+//!   control plane and what its responses change), xdstp names, TP2 variant matching.
 //!
-//! The runtime around it:
-//! - [`relay`]: the groups (state behind a lock, mailboxes, tasks) and the client registry.
+//! The runtime around it (no module imports one that imports it back):
+//! - [`group`]: one group at run time: its state behind a lock, its streams' mailboxes, the
+//!   upstream task's wake-up and status.
+//! - [`relay`]: the registry: creates groups and starts their tasks, admission, the client
+//!   registry; the host of downstream streams and of the snapshot.
 //! - [`downstream`]: the gRPC services, one task per client stream driving the core, bounded
 //!   change mailboxes, per-stream limits.
-//! - [`upstream`]: the per-group upstream Delta stream: connect, backoff, resubscribe, ACK/NACK;
-//!   the group's housekeeping timer.
+//! - [`upstream`]: the per-group upstream task: connect, failover, backoff, resync, and a loop
+//!   around [`xds::UpstreamSession`]; the group's housekeeping timer.
 //! - [`accept`]: accept loops that pause on descriptor exhaustion and keep a descriptor reserve.
 //! - [`drain`]: graceful shutdown, closing connections gradually.
 //! - [`tls`]: downstream TLS/mTLS with certificate reload, identity-to-group authorization,
@@ -20,7 +24,8 @@
 //! - [`codec`]: the prost codec for requests and the upstream client.
 //! - [`snapshot`]: warm restart: the cache persisted to a local file and restored at startup.
 //! - [`grouping`]: which downstream nodes share a group, and the node presented upstream for it.
-//! - [`admin`]: HTTP /healthz, /readyz, /metrics, /debug/*; [`csds`]: client status discovery.
+//! - [`admin`]: HTTP /healthz, /readyz, /metrics, /debug/*; [`csds`]: client status discovery;
+//!   [`rfc3339`]: the times they print.
 //! - [`metrics`]: every metric name and HELP text; [`process`]: the descriptor limit and
 //!   `process_*` metrics.
 //! - [`config`]: flags, environment and config file -> validated [`config::Config`].

@@ -24,6 +24,7 @@ use metrics_exporter_prometheus::{
 
 use crate::accept::{AcceptError, AcceptReport, Listener};
 use crate::sync::lock;
+use crate::xds::Protocol;
 
 /// Distinct `type_url` label values before further ones are reported as `other`.
 pub const MAX_TYPE_LABELS: usize = 64;
@@ -234,11 +235,11 @@ const FANOUT_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-pub const PROTOCOLS: [&str; 2] = ["delta", "sotw"];
+const PROTOCOLS: [&str; 2] = [Protocol::Delta.label(), Protocol::Sotw.label()];
 
 /// Why a downstream stream was ended by the relay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rejection {
+pub enum StreamRejection {
     MissingNode,
     InvalidRequest,
     MalformedRequest,
@@ -256,42 +257,42 @@ pub enum Rejection {
     Unauthorized,
 }
 
-impl Rejection {
-    pub const ALL: [Rejection; 12] = [
-        Rejection::MissingNode,
-        Rejection::InvalidRequest,
-        Rejection::MalformedRequest,
-        Rejection::MessageTooLarge,
-        Rejection::NameTooLong,
-        Rejection::InvalidLocator,
-        Rejection::TooManySubscriptions,
-        Rejection::RateLimited,
-        Rejection::StuckClient,
-        Rejection::Admission,
-        Rejection::NoGroup,
-        Rejection::Unauthorized,
+impl StreamRejection {
+    pub const ALL: [StreamRejection; 12] = [
+        StreamRejection::MissingNode,
+        StreamRejection::InvalidRequest,
+        StreamRejection::MalformedRequest,
+        StreamRejection::MessageTooLarge,
+        StreamRejection::NameTooLong,
+        StreamRejection::InvalidLocator,
+        StreamRejection::TooManySubscriptions,
+        StreamRejection::RateLimited,
+        StreamRejection::StuckClient,
+        StreamRejection::Admission,
+        StreamRejection::NoGroup,
+        StreamRejection::Unauthorized,
     ];
 
     pub fn label(self) -> &'static str {
         match self {
-            Rejection::MissingNode => "missing_node",
-            Rejection::InvalidRequest => "invalid_request",
-            Rejection::MalformedRequest => "malformed_request",
-            Rejection::MessageTooLarge => "message_too_large",
-            Rejection::NameTooLong => "name_too_long",
-            Rejection::InvalidLocator => "invalid_locator",
-            Rejection::TooManySubscriptions => "too_many_subscriptions",
-            Rejection::RateLimited => "rate_limited",
-            Rejection::StuckClient => "stuck_client",
-            Rejection::Admission => "admission",
-            Rejection::NoGroup => "no_group",
-            Rejection::Unauthorized => "unauthorized",
+            StreamRejection::MissingNode => "missing_node",
+            StreamRejection::InvalidRequest => "invalid_request",
+            StreamRejection::MalformedRequest => "malformed_request",
+            StreamRejection::MessageTooLarge => "message_too_large",
+            StreamRejection::NameTooLong => "name_too_long",
+            StreamRejection::InvalidLocator => "invalid_locator",
+            StreamRejection::TooManySubscriptions => "too_many_subscriptions",
+            StreamRejection::RateLimited => "rate_limited",
+            StreamRejection::StuckClient => "stuck_client",
+            StreamRejection::Admission => "admission",
+            StreamRejection::NoGroup => "no_group",
+            StreamRejection::Unauthorized => "unauthorized",
         }
     }
 }
 
-fn protocol_index(protocol: &str) -> usize {
-    usize::from(protocol != "delta")
+fn protocol_index(protocol: Protocol) -> usize {
+    protocol as usize
 }
 
 /// Hot-path counters of one type_url label value.
@@ -359,7 +360,7 @@ pub struct Metrics {
     /// type_url label values handed out so far (bounded by [`MAX_TYPE_LABELS`]).
     type_labels: Mutex<HashSet<String>>,
     streams_opened: [Counter; 2],
-    rejected: [Counter; Rejection::ALL.len()],
+    rejected: [Counter; StreamRejection::ALL.len()],
     connections_rejected: Counter,
     connections_accepted: Counter,
     accept_errors: [[Counter; AcceptError::ALL.len()]; 2],
@@ -425,7 +426,7 @@ impl Metrics {
         let by_protocol =
             |n: &'static str| PROTOCOLS.map(|p| counter(n, vec![Label::new("protocol", p)]));
         let streams_opened = by_protocol(name::DOWNSTREAM_STREAMS_OPENED);
-        let rejected = Rejection::ALL.map(|r| {
+        let rejected = StreamRejection::ALL.map(|r| {
             counter(
                 name::DOWNSTREAM_STREAMS_REJECTED,
                 vec![Label::new("reason", r.label())],
@@ -538,11 +539,11 @@ impl Metrics {
         c
     }
 
-    pub fn stream_opened(&self, protocol: &str) {
+    pub fn stream_opened(&self, protocol: Protocol) {
         self.streams_opened[protocol_index(protocol)].increment(1);
     }
 
-    pub fn stream_rejected(&self, reason: Rejection) {
+    pub fn stream_rejected(&self, reason: StreamRejection) {
         self.rejected[reason as usize].increment(1);
     }
 
@@ -556,7 +557,7 @@ impl Metrics {
 
     pub fn response_sent(
         &self,
-        protocol: &str,
+        protocol: Protocol,
         type_url: &str,
         resources: usize,
         bytes: usize,
@@ -845,7 +846,7 @@ mod tests {
     fn type_labels_are_capped() {
         let m = Metrics::new();
         for i in 0..MAX_TYPE_LABELS + 10 {
-            m.response_sent("delta", &format!("t{i}"), 1, 10, false);
+            m.response_sent(Protocol::Delta, &format!("t{i}"), 1, 10, false);
         }
         let out = m.render(ScrapeState::default());
         assert!(out.contains("type_url=\"other\""));

@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::downstream::{ClientEntry, Mailbox, StreamEvent, StreamHost};
 use crate::group::Group;
 use crate::grouping::{identity_digest, same_identity, Assignment, Grouping};
-use crate::metrics::{GroupScrape, Metrics, Rejection, ScrapeState, UnsubscribedScrape};
+use crate::metrics::{GroupScrape, Metrics, ScrapeState, StreamRejection, UnsubscribedScrape};
 use crate::pb::core::Node;
 use crate::sync::lock;
 use crate::token_bucket::TokenBucket;
@@ -88,7 +88,7 @@ impl Relay {
     pub fn render_metrics(&self) -> String {
         let mut s = ScrapeState::default();
         for c in self.clients.iter() {
-            s.streams[usize::from(c.protocol != "delta")] += 1;
+            s.streams[c.protocol as usize] += 1;
         }
         for g in self.groups() {
             let subscriptions = {
@@ -245,7 +245,7 @@ impl StreamHost for Relay {
             return Ok(());
         };
         auth.check(peer, &a.name).map_err(|message| {
-            self.metrics.stream_rejected(Rejection::Unauthorized);
+            self.metrics.stream_rejected(StreamRejection::Unauthorized);
             warn!(node_id = %node.id, group = %a.name, peer = ?peer.and_then(|p| p.remote_addr),
                 "{message}");
             Status::permission_denied(message)
@@ -260,7 +260,7 @@ impl StreamHost for Relay {
         }
         if let Some(a) = &self.admission {
             if !lock(a).take(Instant::now()) {
-                self.metrics.stream_rejected(Rejection::Admission);
+                self.metrics.stream_rejected(StreamRejection::Admission);
                 let r = &self.config.resilience;
                 return Err(Status::unavailable(format!(
                     "adsrelay: too many new streams (admission limit {}/s, burst {}); retry with backoff",
@@ -269,7 +269,7 @@ impl StreamHost for Relay {
             }
         }
         let group = self.group_for(node).inspect_err(|_| {
-            self.metrics.stream_rejected(Rejection::NoGroup);
+            self.metrics.stream_rejected(StreamRejection::NoGroup);
         })?;
         group.attach(id, mailbox);
         Ok(group)

@@ -2,13 +2,13 @@
 //! subscription list sizes, locator parameters), a request-rate token bucket, and the mapping of
 //! transport errors (malformed protobuf, oversize messages) to a clear status. Pure functions and
 //! small state; the stream driver (`downstream/stream.rs`) applies them. Every refusal names the
-//! problem, ends only the offending stream, and is counted by [`Rejection`] reason.
+//! problem, ends only the offending stream, and is counted by [`StreamRejection`] reason.
 
 use std::time::{Duration, Instant};
 
 use tonic::{Code, Status};
 
-use crate::metrics::Rejection;
+use crate::metrics::StreamRejection;
 use crate::pb::discovery::{DeltaDiscoveryRequest, DiscoveryRequest, ResourceLocator};
 
 /// Largest number of dynamic parameters accepted on one resource locator.
@@ -64,12 +64,12 @@ impl StreamLimits {
 /// A refusal: the reason (for the metric) and the status sent to the client.
 #[derive(Debug)]
 pub struct Refusal {
-    pub reason: Option<Rejection>,
+    pub reason: Option<StreamRejection>,
     pub status: Status,
 }
 
 impl Refusal {
-    pub fn new(reason: Rejection, status: Status) -> Self {
+    pub fn new(reason: StreamRejection, status: Status) -> Self {
         Refusal {
             reason: Some(reason),
             status,
@@ -156,7 +156,7 @@ fn shorten(s: &str) -> String {
 pub fn check_request(req: &impl RequestShape, limits: &StreamLimits) -> Result<(), Refusal> {
     let too_long = |what: &str, s: &str| {
         Refusal::new(
-            Rejection::NameTooLong,
+            StreamRejection::NameTooLong,
             Status::invalid_argument(format!(
                 "{what} of {} bytes exceeds the limit of {} bytes: {}",
                 s.len(),
@@ -171,7 +171,7 @@ pub fn check_request(req: &impl RequestShape, limits: &StreamLimits) -> Result<(
     let entries = req.subscribe_entries();
     if entries > limits.max_subscriptions {
         return Err(Refusal::new(
-            Rejection::TooManySubscriptions,
+            StreamRejection::TooManySubscriptions,
             Status::resource_exhausted(format!(
                 "request subscribes to {entries} resources; the limit is {} per stream",
                 limits.max_subscriptions
@@ -187,7 +187,7 @@ pub fn check_request(req: &impl RequestShape, limits: &StreamLimits) -> Result<(
         }
         let invalid = |msg: String| {
             Refusal::new(
-                Rejection::InvalidLocator,
+                StreamRejection::InvalidLocator,
                 Status::invalid_argument(format!("resource locator {}: {msg}", shorten(&l.name))),
             )
         };
@@ -219,7 +219,7 @@ pub fn check_request(req: &impl RequestShape, limits: &StreamLimits) -> Result<(
 /// The refusal for a stream whose subscriptions would exceed the limit.
 pub fn too_many_subscriptions(total: usize, limits: &StreamLimits) -> Refusal {
     Refusal::new(
-        Rejection::TooManySubscriptions,
+        StreamRejection::TooManySubscriptions,
         Status::resource_exhausted(format!(
             "stream would hold {total} subscriptions; the limit is {} per stream",
             limits.max_subscriptions
@@ -235,12 +235,12 @@ pub fn classify_read_error(status: &Status) -> Option<Refusal> {
         // tonic: "decoded message length too large" (length prefix over max_message_bytes), or a
         // compressed message expanding beyond it.
         Code::OutOfRange | Code::ResourceExhausted => Some(Refusal::new(
-            Rejection::MessageTooLarge,
+            StreamRejection::MessageTooLarge,
             Status::resource_exhausted(format!("request message too large: {}", status.message())),
         )),
         // tonic-prost maps protobuf decode errors (and bad framing) to INTERNAL.
         Code::Internal => Some(Refusal::new(
-            Rejection::MalformedRequest,
+            StreamRejection::MalformedRequest,
             Status::invalid_argument(format!(
                 "malformed request (not a valid protobuf message): {}",
                 status.message()
@@ -264,7 +264,7 @@ pub fn request_bucket(limits: &StreamLimits, now: Instant) -> Option<TokenBucket
 /// The refusal for a stream over its request rate.
 pub fn rate_limited(limits: &StreamLimits) -> Refusal {
     Refusal::new(
-        Rejection::RateLimited,
+        StreamRejection::RateLimited,
         Status::resource_exhausted(format!(
             "request rate over the limit of {}/s (burst {}) for one stream",
             limits.requests_per_second, limits.request_burst
@@ -316,7 +316,7 @@ mod tests {
             ..Default::default()
         };
         let e = check_request(&r, &l).unwrap_err();
-        assert_eq!(e.reason, Some(Rejection::NameTooLong));
+        assert_eq!(e.reason, Some(StreamRejection::NameTooLong));
         assert!(e.status.message().contains("17 bytes"), "{}", e.status);
         r.resource_names_subscribe = (0..11).map(|i| i.to_string()).collect();
         let e = check_request(&r, &l).unwrap_err();
@@ -327,7 +327,7 @@ mod tests {
             dynamic_parameters: [(String::new(), "v".to_string())].into(),
         }];
         let e = check_request(&r, &l).unwrap_err();
-        assert_eq!(e.reason, Some(Rejection::InvalidLocator));
+        assert_eq!(e.reason, Some(StreamRejection::InvalidLocator));
         r.resource_locators_subscribe[0].dynamic_parameters = [("k".into(), "v".into())].into();
         assert!(check_request(&r, &l).is_ok());
     }

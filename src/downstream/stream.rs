@@ -13,13 +13,14 @@ use tracing::{debug, Instrument};
 
 use super::limits::{self, Refusal, RequestShape, StreamLimits, TokenBucket};
 use super::mailbox::Mailbox;
-use crate::metrics::Rejection;
+use crate::metrics::StreamRejection;
 use crate::pb::core::Node;
 use crate::sync::lock;
 use crate::tls::PeerIdentity;
 use crate::xds::constraints::Params;
 use crate::xds::{
-    AckStatus, Locator, RequestEffects, Store, StreamCore, StreamId, TypeSnapshot, XdsRequest,
+    AckStatus, Locator, Protocol, RequestEffects, Store, StreamCore, StreamId, TypeSnapshot,
+    XdsRequest,
 };
 
 /// What a stream needs from whoever owns the store it serves.
@@ -74,13 +75,13 @@ pub enum StreamEvent<'a> {
     /// A stream was admitted; the entry stays valid (and introspectable) until it closes.
     Opened(&'a Arc<ClientEntry>),
     /// The relay ended a stream because of a bad request.
-    Rejected(Rejection),
+    Rejected(StreamRejection),
     /// The client answered a response: ACK, or NACK (`nack`).
     Answered { type_url: &'a str, nack: bool },
     /// A response was handed to the transport. `received_at` is the earliest upstream receipt
     /// among the changes of this type the stream took in since its previous response of the type.
     Sent {
-        protocol: &'static str,
+        protocol: Protocol,
         type_url: &'a str,
         resources: usize,
         bytes: usize,
@@ -115,7 +116,7 @@ pub struct ClientEntry {
     pub id: StreamId,
     pub node: Node,
     pub group: String,
-    pub protocol: &'static str,
+    pub protocol: Protocol,
     pub connected_since: SystemTime,
     pub core: Arc<dyn Introspect>,
     ack_times: Mutex<HashMap<String, AckTimes>>,
@@ -208,7 +209,7 @@ async fn drive<H, C>(
         return;
     }
     let Some(node) = first.node().cloned() else {
-        host.observe(StreamEvent::Rejected(Rejection::MissingNode));
+        host.observe(StreamEvent::Rejected(StreamRejection::MissingNode));
         debug!("rejecting a stream whose first request has no node");
         let _ = tx
             .send(Box::new(Err(Status::invalid_argument(
@@ -231,15 +232,15 @@ async fn drive<H, C>(
         }
     };
     let protocol = if first.as_delta().is_some() {
-        "delta"
+        Protocol::Delta
     } else {
-        "sotw"
+        Protocol::Sotw
     };
     let group = host.group_name(&session);
     // DEBUG, like every per-stream line: at INFO a fleet's joins would flood the log, and an
     // enabled span costs on every poll of the stream.
     let span = tracing::debug_span!("xds_stream", stream = id, node_id = %node.id,
-        cluster = %node.cluster, %group, protocol);
+        cluster = %node.cluster, %group, protocol = protocol.label());
     // The state machine is locked only by this task and, on demand, by introspection.
     let mut state_machine = C::for_node(&node, host.default_params(&node));
     state_machine.limit_response_bytes(stream_limits.max_response_bytes);
@@ -295,7 +296,7 @@ async fn drive<H, C>(
                 },
                 () = sleep_until_opt(stuck_at), if stuck_at.is_some() => {
                     return Err(Refusal::new(
-                        Rejection::StuckClient,
+                        StreamRejection::StuckClient,
                         Status::unavailable(format!(
                             "client has not read its responses for {stuck_timeout:?}; disconnecting"
                         )),
@@ -409,7 +410,7 @@ where
         }
     }
     limits::check_request(&req, &guard.limits)?;
-    let invalid = |status| Refusal::new(Rejection::InvalidRequest, status);
+    let invalid = |status| Refusal::new(StreamRejection::InvalidRequest, status);
     if let Some(t) = fixed_type {
         let type_url = req.type_url_mut();
         if type_url.is_empty() {

@@ -9,6 +9,27 @@ use super::store::{ChangeSet, Store};
 use crate::pb::core::Node;
 use crate::pb::discovery::{DeltaDiscoveryRequest, DiscoveryRequest};
 
+/// The two variants of the discovery protocol a stream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Delta,
+    /// State of the world.
+    Sotw,
+}
+
+impl Protocol {
+    pub const ALL: [Protocol; 2] = [Protocol::Delta, Protocol::Sotw];
+
+    /// The `protocol` label of metrics and logs.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Protocol::Delta => "delta",
+            Protocol::Sotw => "sotw",
+        }
+    }
+}
+
 /// A request the relay refuses; the adapter ends the stream with INVALID_ARGUMENT.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProtocolError {
