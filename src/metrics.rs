@@ -11,20 +11,20 @@
 //! describe state (streams, subscriptions, cache size, upstream state) are computed when
 //! `/metrics` is scraped, so the data path pays nothing for them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use dashmap::DashMap;
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString};
+use metrics::{Counter, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString};
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
 use crate::accept::{AcceptError, AcceptReport, Listener};
 use crate::sync::lock;
-use crate::xds::Protocol;
+use crate::xds::{GroupStats, Protocol};
 
 /// Distinct `type_url` label values before further ones are reported as `other`.
 pub const MAX_TYPE_LABELS: usize = 64;
@@ -307,51 +307,33 @@ struct TypeCounters {
     misses: Counter,
 }
 
-/// Values computed at scrape time.
+/// What `/metrics` reads at scrape time: the relay's open streams and every group's counters and
+/// status. These families are written straight into the exposition (a collector), never kept in
+/// the recorder: nothing is counted twice, and a label set that vanished is simply not written.
 #[derive(Debug, Default)]
 pub struct ScrapeState {
-    pub streams: [i64; 2],
-    pub subscriptions: HashMap<String, usize>,
-    /// type_url -> (names, variants, bytes).
-    pub cache: HashMap<String, (usize, usize, usize)>,
+    /// Open streams by protocol.
+    pub streams: [usize; 2],
     pub groups: Vec<GroupScrape>,
 }
 
+/// One group at scrape time: its core counters and its upstream task's status.
 #[derive(Debug, Default)]
 pub struct GroupScrape {
     pub group: String,
+    pub stats: GroupStats,
     pub connected: bool,
-    pub subscriptions: usize,
     pub streams_opened: u64,
     pub responses: u64,
     pub nacks_sent: u64,
     pub last_response: Option<SystemTime>,
-    pub refetches: u64,
-    pub refetch_fallbacks: u64,
-    pub ttl_expired: u64,
     pub member_mismatches: u64,
     pub drift_repairs: u64,
     pub resyncs: u64,
     pub failovers: u64,
     /// The control-plane address the group uses (or tries) now.
     pub upstream: String,
-    pub unsubscribed: UnsubscribedScrape,
-    pub wildcards_unanswered: u64,
 }
-
-/// One group's unsubscribed set, as exported.
-#[derive(Debug, Default)]
-pub struct UnsubscribedScrape {
-    pub budget: usize,
-    pub bytes: usize,
-    pub entries: usize,
-    pub evicted_budget: u64,
-    pub evicted_linger: u64,
-    pub resubscriptions: u64,
-}
-
-/// A scrape-time gauge: name and label pairs.
-type GaugeKey = (&'static str, Vec<(&'static str, String)>);
 
 pub struct Metrics {
     recorder: PrometheusRecorder,
@@ -371,8 +353,6 @@ pub struct Metrics {
     fanout: Histogram,
     /// Open downstream connections (kept by [`crate::accept::CountedIo`]).
     pub connections: Arc<AtomicI64>,
-    /// Label sets of scrape-time gauges set before, so vanished ones are reset to 0.
-    seen_gauges: Mutex<HashSet<GaugeKey>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -492,7 +472,6 @@ impl Metrics {
             frames,
             fanout,
             connections: Arc::new(AtomicI64::new(0)),
-            seen_gauges: Mutex::new(HashSet::new()),
         }
     }
 
@@ -620,169 +599,206 @@ impl Metrics {
         self.fanout.record(received_at.elapsed().as_secs_f64());
     }
 
-    fn gauge(&self, n: &'static str, labels: Vec<(&'static str, String)>, value: f64) {
-        lock(&self.seen_gauges).insert((n, labels.clone()));
-        self.gauge_handle(n, &labels).set(value);
-    }
-
-    fn gauge_handle(&self, n: &'static str, labels: &[(&'static str, String)]) -> Gauge {
-        let labels: Vec<Label> = labels
-            .iter()
-            .map(|(k, v)| Label::new(*k, v.clone()))
-            .collect();
-        self.recorder
-            .register_gauge(&Key::from_parts(n, labels), &METADATA)
-    }
-
-    fn counter_absolute(&self, n: &'static str, labels: Vec<Label>, value: u64) {
-        self.recorder
-            .register_counter(&Key::from_parts(n, labels), &METADATA)
-            .absolute(value);
-    }
-
-    /// Sets the scrape-time gauges from `state` and renders everything in the Prometheus text
-    /// format.
+    /// Renders everything in the Prometheus text format: the recorder's event counters and
+    /// histograms, then the families read from `state` now, then the process metrics.
     pub fn render(&self, state: ScrapeState) -> String {
-        let previous = std::mem::take(&mut *lock(&self.seen_gauges));
+        let mut out = Exposition::default();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let tasks = rt.metrics().num_alive_tasks();
-            self.gauge(name::RUNTIME_ALIVE_TASKS, vec![], tasks as f64);
+            out.family(name::RUNTIME_ALIVE_TASKS, [(vec![], tasks as f64)]);
         }
-        self.gauge(
+        out.family(
             name::DOWNSTREAM_CONNECTIONS,
-            vec![],
-            self.connections.load(Ordering::Relaxed) as f64,
+            [(vec![], self.connections.load(Ordering::Relaxed) as f64)],
         );
-        for (i, p) in PROTOCOLS.iter().enumerate() {
-            self.gauge(
-                name::DOWNSTREAM_STREAMS,
-                vec![("protocol", p.to_string())],
-                state.streams[i] as f64,
-            );
+        out.family(
+            name::DOWNSTREAM_STREAMS,
+            Protocol::ALL.map(|p| {
+                let n = state.streams[p as usize];
+                (vec![("protocol", p.label().to_string())], n as f64)
+            }),
+        );
+        // Summed over groups, by (capped) type label.
+        let mut subscriptions: BTreeMap<String, usize> = BTreeMap::new();
+        let mut cache: BTreeMap<String, [usize; 3]> = BTreeMap::new();
+        let mut ambiguous = 0;
+        for g in &state.groups {
+            for (t, n) in &g.stats.subscriptions {
+                *subscriptions.entry(self.type_label(t)).or_default() += n;
+            }
+            for c in &g.stats.cache {
+                let e = cache.entry(self.type_label(&c.type_url)).or_default();
+                e[0] += c.names;
+                e[1] += c.variants;
+                e[2] += c.bytes;
+            }
+            ambiguous += g.stats.ambiguous_matches;
         }
-        let mut subscriptions: HashMap<String, usize> = HashMap::new();
-        for (t, n) in state.subscriptions {
-            *subscriptions.entry(self.type_label(&t)).or_default() += n;
-        }
-        for (t, n) in subscriptions {
-            self.gauge(
-                name::DOWNSTREAM_SUBSCRIPTIONS,
-                vec![("type_url", t)],
-                n as f64,
-            );
-        }
-        let mut cache: HashMap<String, (usize, usize, usize)> = HashMap::new();
-        for (t, (n, v, b)) in state.cache {
-            let e = cache.entry(self.type_label(&t)).or_default();
-            e.0 += n;
-            e.1 += v;
-            e.2 += b;
-        }
-        self.counter_absolute(
+        let by_type = |i: Option<usize>| -> Vec<Sample> {
+            match i {
+                None => subscriptions
+                    .iter()
+                    .map(|(t, n)| (vec![("type_url", t.clone())], *n as f64))
+                    .collect(),
+                Some(i) => cache
+                    .iter()
+                    .map(|(t, v)| (vec![("type_url", t.clone())], v[i] as f64))
+                    .collect(),
+            }
+        };
+        out.family(name::DOWNSTREAM_SUBSCRIPTIONS, by_type(None));
+        out.family(name::CACHE_RESOURCES, by_type(Some(0)));
+        out.family(name::CACHE_VARIANTS, by_type(Some(1)));
+        out.family(name::CACHE_BYTES, by_type(Some(2)));
+        out.family(
             name::VARIANT_AMBIGUOUS_MATCHES,
-            vec![],
-            crate::xds::store::AMBIGUOUS_MATCHES.load(Ordering::Relaxed),
+            [(vec![], ambiguous as f64)],
         );
-        for (t, (n, v, b)) in cache {
-            self.gauge(
-                name::CACHE_RESOURCES,
-                vec![("type_url", t.clone())],
-                n as f64,
-            );
-            self.gauge(
-                name::CACHE_VARIANTS,
-                vec![("type_url", t.clone())],
-                v as f64,
-            );
-            self.gauge(name::CACHE_BYTES, vec![("type_url", t)], b as f64);
-        }
+
         let now = SystemTime::now();
-        let mut groups_per_upstream: HashMap<String, usize> = HashMap::new();
-        for g in state.groups {
-            let group = || vec![Label::new("group", g.group.clone())];
-            self.gauge(
-                name::UPSTREAM_CONNECTED,
-                vec![("group", g.group.clone())],
-                if g.connected { 1.0 } else { 0.0 },
-            );
-            self.gauge(
-                name::UPSTREAM_SUBSCRIPTIONS,
-                vec![("group", g.group.clone())],
-                g.subscriptions as f64,
-            );
-            if let Some(t) = g.last_response {
-                let age = now.duration_since(t).unwrap_or(Duration::ZERO);
-                self.gauge(
-                    name::UPSTREAM_LAST_RESPONSE_AGE,
-                    vec![("group", g.group.clone())],
-                    age.as_secs_f64(),
-                );
-            }
-            self.counter_absolute(name::UPSTREAM_CONNECTS, group(), g.streams_opened);
-            self.counter_absolute(
-                name::UPSTREAM_RECONNECTS,
-                group(),
-                g.streams_opened.saturating_sub(1),
-            );
-            self.counter_absolute(name::UPSTREAM_RESPONSES, group(), g.responses);
-            self.counter_absolute(name::DO_NOT_CACHE_REFETCHES, group(), g.refetches);
-            self.counter_absolute(
-                name::DO_NOT_CACHE_REFETCH_FALLBACKS,
-                group(),
-                g.refetch_fallbacks,
-            );
-            self.counter_absolute(name::CACHE_TTL_EXPIRED, group(), g.ttl_expired);
-            self.counter_absolute(name::GROUP_MEMBER_MISMATCH, group(), g.member_mismatches);
-            self.counter_absolute(name::DRIFT_REPAIRS, group(), g.drift_repairs);
-            self.counter_absolute(name::UPSTREAM_RESYNCS, group(), g.resyncs);
-            self.counter_absolute(name::UPSTREAM_FAILOVERS, group(), g.failovers);
-            self.counter_absolute(
-                name::UPSTREAM_WILDCARD_UNANSWERED,
-                group(),
-                g.wildcards_unanswered,
-            );
-            let u = &g.unsubscribed;
-            for (n, v) in [
-                (name::UNSUBSCRIBED_CACHE_BUDGET, u.budget),
-                (name::UNSUBSCRIBED_CACHE_BYTES, u.bytes),
-                (name::UNSUBSCRIBED_CACHE_ENTRIES, u.entries),
-            ] {
-                self.gauge(n, vec![("group", g.group.clone())], v as f64);
-            }
-            for (reason, v) in [("budget", u.evicted_budget), ("linger", u.evicted_linger)] {
-                let mut labels = group();
-                labels.push(Label::new("reason", reason));
-                self.counter_absolute(name::UNSUBSCRIBED_CACHE_EVICTIONS, labels, v);
-            }
-            self.counter_absolute(
-                name::UNSUBSCRIBED_CACHE_RESUBSCRIPTIONS,
-                group(),
-                u.resubscriptions,
-            );
-            *groups_per_upstream.entry(g.upstream.clone()).or_default() += 1;
-            self.counter_absolute(name::UPSTREAM_NACKS, group(), g.nacks_sent);
-            self.counter_absolute(
-                name::UPSTREAM_ACKS,
-                group(),
-                g.responses.saturating_sub(g.nacks_sent),
-            );
+        let per_group = |value: &GroupValue| -> Vec<Sample> {
+            state
+                .groups
+                .iter()
+                .filter_map(|g| Some((vec![("group", g.group.clone())], value(g)?)))
+                .collect()
+        };
+        let families: [(&'static str, &GroupValue); 20] = [
+            (name::UPSTREAM_CONNECTED, &|g| {
+                Some(f64::from(u8::from(g.connected)))
+            }),
+            (name::UPSTREAM_SUBSCRIPTIONS, &|g| {
+                Some(g.stats.upstream_subscriptions as f64)
+            }),
+            (name::UPSTREAM_LAST_RESPONSE_AGE, &|g| {
+                let t = g.last_response?;
+                Some(
+                    now.duration_since(t)
+                        .unwrap_or(Duration::ZERO)
+                        .as_secs_f64(),
+                )
+            }),
+            (name::UPSTREAM_CONNECTS, &|g| Some(g.streams_opened as f64)),
+            (name::UPSTREAM_RECONNECTS, &|g| {
+                Some(g.streams_opened.saturating_sub(1) as f64)
+            }),
+            (name::UPSTREAM_RESPONSES, &|g| Some(g.responses as f64)),
+            (name::UPSTREAM_NACKS, &|g| Some(g.nacks_sent as f64)),
+            (name::UPSTREAM_ACKS, &|g| {
+                Some(g.responses.saturating_sub(g.nacks_sent) as f64)
+            }),
+            (name::DO_NOT_CACHE_REFETCHES, &|g| {
+                Some(g.stats.refetches as f64)
+            }),
+            (name::DO_NOT_CACHE_REFETCH_FALLBACKS, &|g| {
+                Some(g.stats.refetch_fallbacks as f64)
+            }),
+            (name::CACHE_TTL_EXPIRED, &|g| {
+                Some(g.stats.ttl_expired as f64)
+            }),
+            (name::GROUP_MEMBER_MISMATCH, &|g| {
+                Some(g.member_mismatches as f64)
+            }),
+            (name::DRIFT_REPAIRS, &|g| Some(g.drift_repairs as f64)),
+            (name::UPSTREAM_RESYNCS, &|g| Some(g.resyncs as f64)),
+            (name::UPSTREAM_FAILOVERS, &|g| Some(g.failovers as f64)),
+            (name::UPSTREAM_WILDCARD_UNANSWERED, &|g| {
+                Some(g.stats.wildcards_unanswered as f64)
+            }),
+            (name::UNSUBSCRIBED_CACHE_BUDGET, &|g| {
+                Some(g.stats.unsubscribed.budget as f64)
+            }),
+            (name::UNSUBSCRIBED_CACHE_BYTES, &|g| {
+                Some(g.stats.unsubscribed.bytes as f64)
+            }),
+            (name::UNSUBSCRIBED_CACHE_ENTRIES, &|g| {
+                Some(g.stats.unsubscribed.entries as f64)
+            }),
+            (name::UNSUBSCRIBED_CACHE_RESUBSCRIPTIONS, &|g| {
+                Some(g.stats.unsubscribed.resubscriptions as f64)
+            }),
+        ];
+        for (n, value) in families {
+            out.family(n, per_group(value));
         }
-        for (upstream, n) in groups_per_upstream {
-            self.gauge(
-                name::UPSTREAM_GROUPS,
-                vec![("upstream", upstream)],
-                n as f64,
-            );
+        out.family(
+            name::UNSUBSCRIBED_CACHE_EVICTIONS,
+            state.groups.iter().flat_map(|g| {
+                let u = &g.stats.unsubscribed;
+                [("budget", u.evicted_budget), ("linger", u.evicted_linger)].map(|(reason, v)| {
+                    let labels = vec![("group", g.group.clone()), ("reason", reason.to_string())];
+                    (labels, v as f64)
+                })
+            }),
+        );
+        let mut groups_per_upstream: BTreeMap<&str, usize> = BTreeMap::new();
+        for g in &state.groups {
+            *groups_per_upstream.entry(&g.upstream).or_default() += 1;
         }
-        // Label sets that disappeared (a type no longer cached, ...) read 0, not their last value.
-        let current = lock(&self.seen_gauges).clone();
-        for (n, labels) in previous.difference(&current) {
-            self.gauge_handle(n, labels).set(0.0);
+        out.family(
+            name::UPSTREAM_GROUPS,
+            groups_per_upstream
+                .into_iter()
+                .map(|(u, n)| (vec![("upstream", u.to_string())], n as f64)),
+        );
+        let mut text = self.handle.render();
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
         }
-        let mut text = with_every_family(self.handle.render());
+        text.push_str(&out.text);
+        let mut text = with_every_family(text);
         text.push_str(&crate::process::render());
         text
     }
+}
+
+/// A per-group family's value for one group (`None`: no sample).
+type GroupValue<'a> = dyn Fn(&GroupScrape) -> Option<f64> + 'a;
+
+/// One sample of a scrape-time family: label pairs and value.
+type Sample = (Vec<(&'static str, String)>, f64);
+
+/// Scrape-time families in the Prometheus text format.
+#[derive(Default)]
+struct Exposition {
+    text: String,
+}
+
+impl Exposition {
+    /// Writes a family's HELP and TYPE, then its samples (none is valid: the family is known).
+    fn family(&mut self, n: &'static str, samples: impl IntoIterator<Item = Sample>) {
+        use std::fmt::Write;
+        let help = DESCRIPTIONS
+            .iter()
+            .find(|(d, _)| *d == n)
+            .map_or("", |(_, h)| *h);
+        let _ = write!(self.text, "# HELP {n} {help}\n# TYPE {n} {}\n", kind(n));
+        for (labels, value) in samples {
+            self.text.push_str(n);
+            if !labels.is_empty() {
+                self.text.push('{');
+                for (i, (k, v)) in labels.iter().enumerate() {
+                    if i > 0 {
+                        self.text.push(',');
+                    }
+                    let _ = write!(self.text, "{k}=\"{}\"", escape_label(v));
+                }
+                self.text.push('}');
+            }
+            let _ = writeln!(self.text, " {value}");
+        }
+    }
+}
+
+/// A label value as the text format wants it: backslash, double quote and newline escaped.
+fn escape_label(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return v.into();
+    }
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+        .into()
 }
 
 /// The Prometheus type of a described family.
@@ -858,14 +874,39 @@ mod tests {
     }
 
     #[test]
-    fn renders_help_and_vanished_gauges_as_zero() {
+    fn scrape_time_families_are_read_now_and_vanish_with_their_source() {
         let m = Metrics::new();
-        let mut s = ScrapeState::default();
-        s.cache.insert("t".into(), (2, 2, 100));
-        let out = m.render(s);
-        assert!(out.contains("# HELP adsrelay_cache_bytes"));
-        assert!(out.contains("adsrelay_cache_bytes{type_url=\"t\"} 100"));
+        let group = |name: &str| GroupScrape {
+            group: name.into(),
+            stats: GroupStats {
+                cache: vec![crate::xds::CacheStats {
+                    type_url: "t".into(),
+                    names: 2,
+                    variants: 2,
+                    bytes: 100,
+                }],
+                ..Default::default()
+            },
+            upstream: "http://cp\"1\"".into(),
+            ..Default::default()
+        };
+        let out = m.render(ScrapeState {
+            streams: [3, 1],
+            groups: vec![group("a"), group("b")],
+        });
+        assert_eq!(out.matches("# HELP adsrelay_cache_bytes ").count(), 1);
+        assert!(
+            out.contains("adsrelay_cache_bytes{type_url=\"t\"} 200"),
+            "{out}"
+        );
+        assert!(out.contains("adsrelay_downstream_streams{protocol=\"sotw\"} 1"));
+        assert!(out.contains("adsrelay_upstream_groups{upstream=\"http://cp\\\"1\\\"\"} 2"));
+        assert!(out.contains(
+            "adsrelay_unsubscribed_cache_evictions_total{group=\"b\",reason=\"linger\"} 0"
+        ));
+        // A type no longer cached is no longer exported (Prometheus marks the series stale).
         let out = m.render(ScrapeState::default());
-        assert!(out.contains("adsrelay_cache_bytes{type_url=\"t\"} 0"));
+        assert!(!out.contains("adsrelay_cache_bytes{"));
+        assert!(out.contains("# TYPE adsrelay_cache_bytes gauge"));
     }
 }

@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::downstream::{ClientEntry, Mailbox, StreamEvent, StreamHost};
 use crate::group::Group;
 use crate::grouping::{identity_digest, same_identity, Assignment, Grouping};
-use crate::metrics::{GroupScrape, Metrics, ScrapeState, StreamRejection, UnsubscribedScrape};
+use crate::metrics::{GroupScrape, Metrics, ScrapeState, StreamRejection};
 use crate::pb::core::Node;
 use crate::sync::lock;
 use crate::token_bucket::TokenBucket;
@@ -83,72 +83,29 @@ impl Relay {
         self.clients.iter().map(|c| c.value().clone()).collect()
     }
 
-    /// `/metrics`: the scrape-time gauges, then everything in the Prometheus text format. Each
-    /// group's lock is taken once, briefly, to count its subscriptions and cache.
+    /// `/metrics`: every group's stats and status read now (each group's lock taken once,
+    /// briefly), then everything in the Prometheus text format.
     pub fn render_metrics(&self) -> String {
         let mut s = ScrapeState::default();
         for c in self.clients.iter() {
             s.streams[c.protocol as usize] += 1;
         }
         for g in self.groups() {
-            let subscriptions = {
-                let state = lock(&g.state);
-                for (t, n) in state.subscriptions_by_type() {
-                    *s.subscriptions.entry(t.to_string()).or_default() += n;
-                }
-                for t in state.store.type_urls() {
-                    let e = s.cache.entry(t.to_string()).or_default();
-                    e.0 += state.store.names(t).count();
-                    for r in state.store.resources(t) {
-                        e.1 += 1;
-                        e.2 += r.encoded.len();
-                    }
-                }
-                let u = &state.unsubscribed;
-                let unsubscribed = UnsubscribedScrape {
-                    budget: u.budget(),
-                    bytes: u.bytes(),
-                    entries: u.len(),
-                    evicted_budget: u.evicted_budget,
-                    evicted_linger: u.evicted_linger,
-                    resubscriptions: u.resubscriptions,
-                };
-                (
-                    state.interest.upstream_subscription_count(),
-                    state.interest.refetches,
-                    state.interest.refetch_fallbacks,
-                    state.store.ttl_expired,
-                    unsubscribed,
-                    state.interest.wildcards_unanswered,
-                )
-            };
-            let (
-                subscriptions,
-                refetches,
-                refetch_fallbacks,
-                ttl_expired,
-                unsubscribed,
-                wildcards_unanswered,
-            ) = subscriptions;
+            let stats = lock(&g.state).stats();
             let status = lock(&g.status).clone();
             s.groups.push(GroupScrape {
                 group: g.name.clone(),
+                stats,
                 connected: status.connected,
-                subscriptions,
                 streams_opened: status.streams_opened,
                 responses: status.responses,
                 nacks_sent: status.nacks_sent,
                 last_response: status.last_response,
-                refetches,
-                refetch_fallbacks,
-                ttl_expired,
                 member_mismatches: g.member_mismatches.load(Ordering::Relaxed),
                 drift_repairs: status.drift_repairs,
                 resyncs: status.resyncs,
                 failovers: status.failovers,
-                upstream: status.upstream.clone().unwrap_or_default(),
-                unsubscribed,
-                wildcards_unanswered,
+                upstream: status.upstream.unwrap_or_default(),
             });
         }
         self.metrics.render(s)

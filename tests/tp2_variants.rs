@@ -344,7 +344,6 @@ fn tp3_resource_errors_reach_subscribers_once_and_not_found_is_removal() {
 #[test]
 fn e07_ambiguous_match_is_deterministic_and_counted() {
     use adsrelay::pb::discovery::dynamic_parameter_constraints::ConstraintList;
-    use adsrelay::xds::store::AMBIGUOUS_MATCHES;
     use adsrelay::xds::{DeltaStream, Store};
     let and_prod_v1 = DynamicParameterConstraints {
         r#type: Some(Type::AndConstraints(ConstraintList {
@@ -371,7 +370,7 @@ fn e07_ambiguous_match_is_deterministic_and_counted() {
             false,
         )
         .unwrap();
-    let before = AMBIGUOUS_MATCHES.load(std::sync::atomic::Ordering::Relaxed);
+    let before = store.ambiguous_matches();
     let mut s = DeltaStream::new();
     s.on_request(&DeltaDiscoveryRequest {
         type_url: EDS.into(),
@@ -389,7 +388,7 @@ fn e07_ambiguous_match_is_deterministic_and_counted() {
     // E7: the most specific variant, and only one variant for a leaf.
     assert_eq!(out[0].resources.len(), 1);
     assert_eq!(out[0].resources[0].version, "specific");
-    assert!(AMBIGUOUS_MATCHES.load(std::sync::atomic::Ordering::Relaxed) > before);
+    assert!(store.ambiguous_matches() > before);
 }
 
 #[test]

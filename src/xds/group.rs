@@ -38,7 +38,85 @@ pub struct GroupState {
     resync_wanted: bool,
 }
 
+/// What a group's state counts, read at scrape time (metrics are never counted twice).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GroupStats {
+    /// type_url -> downstream subscriptions (locators and wildcards) in the group.
+    pub subscriptions: Vec<(String, usize)>,
+    /// Per cached type: names, variants and their encoded bytes.
+    pub cache: Vec<CacheStats>,
+    /// Names (and wildcards) subscribed upstream.
+    pub upstream_subscriptions: usize,
+    pub refetches: u64,
+    pub refetch_fallbacks: u64,
+    pub ttl_expired: u64,
+    pub ambiguous_matches: u64,
+    pub wildcards_unanswered: u64,
+    pub unsubscribed: UnsubscribedStats,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CacheStats {
+    pub type_url: String,
+    pub names: usize,
+    pub variants: usize,
+    pub bytes: usize,
+}
+
+/// The unsubscribed set: its budget and use, and why names left it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UnsubscribedStats {
+    pub budget: usize,
+    pub bytes: usize,
+    pub entries: usize,
+    pub evicted_budget: u64,
+    pub evicted_linger: u64,
+    pub resubscriptions: u64,
+}
+
 impl GroupState {
+    /// A view of the counters and sizes, for `/metrics`.
+    pub fn stats(&self) -> GroupStats {
+        let cache = self
+            .store
+            .type_urls()
+            .map(|t| {
+                let (variants, bytes) = self
+                    .store
+                    .resources(t)
+                    .fold((0, 0), |(n, b), r| (n + 1, b + r.encoded.len()));
+                CacheStats {
+                    type_url: t.to_string(),
+                    names: self.store.names(t).count(),
+                    variants,
+                    bytes,
+                }
+            })
+            .collect();
+        let u = &self.unsubscribed;
+        GroupStats {
+            subscriptions: self
+                .subscriptions_by_type()
+                .map(|(t, n)| (t.to_string(), n))
+                .collect(),
+            cache,
+            upstream_subscriptions: self.interest.upstream_subscription_count(),
+            refetches: self.interest.refetches,
+            refetch_fallbacks: self.interest.refetch_fallbacks,
+            ttl_expired: self.store.ttl_expired,
+            ambiguous_matches: self.store.ambiguous_matches(),
+            wildcards_unanswered: self.interest.wildcards_unanswered,
+            unsubscribed: UnsubscribedStats {
+                budget: u.budget(),
+                bytes: u.bytes(),
+                entries: u.len(),
+                evicted_budget: u.evicted_budget,
+                evicted_linger: u.evicted_linger,
+                resubscriptions: u.resubscriptions,
+            },
+        }
+    }
+
     pub fn new(linger: Duration) -> Self {
         GroupState {
             store: Store::new(),

@@ -16,10 +16,6 @@ use super::resource::{canonical_name, CachedResource, Name, ResourceError};
 use super::xdstp;
 use crate::pb::discovery::{ResourceError as ResourceErrorProto, ResourceName};
 
-/// Ambiguous variant matches (E7), counted here because lookups borrow the store immutably; the
-/// metrics module exports it.
-pub static AMBIGUOUS_MATCHES: AtomicU64 = AtomicU64::new(0);
-
 /// What the store knows about one name for one subscriber.
 #[derive(Debug, PartialEq)]
 pub enum Lookup<'a> {
@@ -167,6 +163,9 @@ pub struct Store {
     seq: u64,
     /// Variants dropped because their TTL ran out, for metrics.
     pub ttl_expired: u64,
+    /// Lookups whose parameters matched several variants equally well (TP2), for metrics;
+    /// counted from `&self` lookups on the fan-out path, hence atomic.
+    ambiguous_matches: AtomicU64,
     /// Responses built from this store, framed once and shared by the streams due them.
     frames: FrameCache,
 }
@@ -243,7 +242,7 @@ impl Store {
             params,
         );
         if selection.is_ambiguous() {
-            AMBIGUOUS_MATCHES.fetch_add(1, Ordering::Relaxed);
+            self.ambiguous_matches.fetch_add(1, Ordering::Relaxed);
         }
         match selection {
             Selection::One(r) | Selection::Ambiguous { chosen: r, .. } => Lookup::Present(r),
@@ -358,6 +357,11 @@ impl Store {
             .into_iter()
             .flat_map(|t| t.names.values())
             .flat_map(|e| e.variants.values())
+    }
+
+    /// Lookups that matched several variants equally well (TP2 E7).
+    pub fn ambiguous_matches(&self) -> u64 {
+        self.ambiguous_matches.load(Ordering::Relaxed)
     }
 
     pub fn type_urls(&self) -> impl Iterator<Item = &str> {
