@@ -354,7 +354,7 @@ fn debug_clients(relay: &Relay, q: &HashMap<String, String>) -> Vec<ClientInfo> 
         .map(|c| {
             let types = c
                 .core
-                .snapshot(false)
+                .view(false)
                 .into_iter()
                 .map(|ts| {
                     let times = c.ack_times(&ts.type_url);

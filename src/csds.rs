@@ -24,7 +24,7 @@ use crate::pb::envoy::admin::v3::{ClientResourceStatus, UpdateFailureState};
 use crate::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, NodeMatcher};
 use crate::relay::Relay;
 use crate::sync::lock;
-use crate::xds::{Lookup, TypeSnapshot};
+use crate::xds::{Lookup, TypeView};
 
 /// Where a type of one client stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub enum TypeAck {
 }
 
 impl TypeAck {
-    pub fn of(ts: &TypeSnapshot) -> Self {
+    pub fn of(ts: &TypeView) -> Self {
         match &ts.last_nonce {
             None => TypeAck::NotSent,
             Some(n) if ts.last_nack.as_ref().is_some_and(|(k, _)| k == n) => TypeAck::Nacked,
@@ -135,10 +135,10 @@ pub fn client_status(
 fn client_config(relay: &Relay, client: &ClientEntry, contents: bool) -> ClientConfig {
     // Snapshot first (the stream's own lock), then look at the store (the group's lock): never
     // both at once.
-    let snapshot = client.core.snapshot(true);
+    let view = client.core.view(true);
     let group = relay.group(&client.group);
     let mut out = Vec::new();
-    for ts in snapshot {
+    for ts in view {
         let ack = TypeAck::of(&ts);
         let times = client.ack_times(&ts.type_url);
         let (config_status, client_status) = match ack {
@@ -299,7 +299,7 @@ mod tests {
 
     #[test]
     fn type_ack_state() {
-        let mut ts = TypeSnapshot::default();
+        let mut ts = TypeView::default();
         assert_eq!(TypeAck::of(&ts), TypeAck::NotSent);
         ts.last_nonce = Some("2".into());
         ts.last_ack = Some("1".into());

@@ -184,7 +184,7 @@ impl Relay {
 }
 
 impl StreamHost for Relay {
-    type Session = Arc<Group>;
+    type Membership = Arc<Group>;
 
     /// `tls_authorization`: the client's certificate identity must be allowed the group its node
     /// maps to (the rule's group name, before any digest suffix).

@@ -1323,7 +1323,7 @@ fn a31_nack_restores_the_held_version_and_a7_still_resends() {
     client.send(req(EDS).nack(&r.nonce, "bad foo"));
     assert_eq!(held(&client, EDS, "foo").as_deref(), Some("v1"));
     assert_eq!(held(&client, EDS, "bar").as_deref(), Some("v1"));
-    let snap = client.stream.snapshot(true);
+    let snap = client.stream.view(true);
     assert_eq!(
         snap[0].resources,
         vec![("bar".into(), "v1".into()), ("foo".into(), "v1".into())]
@@ -1336,7 +1336,7 @@ fn a31_nack_restores_the_held_version_and_a7_still_resends() {
     assert_eq!(r.versions(), map(&[("foo", "v2")]));
     client.send(req(EDS).ack(&r.nonce));
     assert_eq!(held(&client, EDS, "foo").as_deref(), Some("v2"));
-    assert!(client.stream.snapshot(true)[0].rejected.is_empty());
+    assert!(client.stream.view(true)[0].rejected.is_empty());
 }
 
 #[test]
@@ -1401,8 +1401,8 @@ fn a11_record_after_nack_matches_the_reconnect_irv() {
     let mut reconnected = Client::new();
     reconnected.send(req(EDS).sub(&["foo"]).irv(&[("foo", "v1")]));
     assert_eq!(
-        client.stream.snapshot(true)[0].resources,
-        reconnected.stream.snapshot(true)[0].resources
+        client.stream.view(true)[0].resources,
+        reconnected.stream.view(true)[0].resources
     );
     // The new stream sends v2 (A11: changed); the old one does not repeat it (A31).
     assert_eq!(reconnected.one(&store).versions(), map(&[("foo", "v2")]));

@@ -1186,7 +1186,7 @@ fn b07_version_info_after_nack_describes_the_state_the_client_kept() {
     let kept = r.version.clone();
     rejects.send(req(EDS).names(&["x", "y"]).nack("", &r.nonce, "bad x"));
     assert_eq!(
-        rejects.stream.snapshot(true)[0].resources,
+        rejects.stream.view(true)[0].resources,
         vec![("x".into(), "1".into()), ("y".into(), "1".into())]
     );
 
@@ -1216,7 +1216,7 @@ fn b07_full_state_nack_keeps_the_previous_state_on_record() {
     client.notify(&changes);
     let r2 = client.one(&store);
     client.send(req(CDS).nack(&r1.version, &r2.nonce, "bad c1"));
-    let snap = client.stream.snapshot(true);
+    let snap = client.stream.view(true);
     assert_eq!(
         snap[0].resources,
         vec![("c1".into(), "1".into()), ("c2".into(), "1".into())]

@@ -39,7 +39,8 @@ pub struct Stats {
 
 #[derive(Debug)]
 pub struct ControlPlane {
-    snapshot: watch::Sender<Arc<Store>>,
+    /// The resources served now, replaced whole on every edit.
+    current: watch::Sender<Arc<Store>>,
     streams: DashMap<StreamId, Arc<Mailbox>>,
     next_stream: AtomicU64,
     stats: Mutex<Stats>,
@@ -51,7 +52,7 @@ pub struct ControlPlane {
 impl ControlPlane {
     pub fn new(resources: Vec<(String, CachedResource)>) -> Arc<Self> {
         Arc::new(ControlPlane {
-            snapshot: watch::Sender::new(Arc::new(Store::complete(resources))),
+            current: watch::Sender::new(Arc::new(Store::complete(resources))),
             streams: DashMap::new(),
             next_stream: AtomicU64::new(1),
             stats: Mutex::new(Stats::default()),
@@ -63,7 +64,7 @@ impl ControlPlane {
     /// only what actually changed for it.
     pub fn set_resources(&self, resources: Vec<(String, CachedResource)>) {
         let new = Arc::new(Store::complete(resources));
-        let old = self.snapshot.send_replace(new.clone());
+        let old = self.current.send_replace(new.clone());
         let mut types: Vec<String> = old
             .type_urls()
             .chain(new.type_urls())
@@ -94,7 +95,7 @@ impl ControlPlane {
     /// Test hook: replaces the resources without telling open streams, as a control plane that
     /// loses a push would. Only a new stream (or a request on an open one) sees the change.
     pub fn set_resources_silently(&self, resources: Vec<(String, CachedResource)>) {
-        self.snapshot
+        self.current
             .send_replace(Arc::new(Store::complete(resources)));
     }
 
@@ -124,7 +125,7 @@ impl ControlPlane {
 
 impl StreamHost for ControlPlane {
     /// The node cluster, when the stream is served tailored resources.
-    type Session = Option<String>;
+    type Membership = Option<String>;
 
     fn open(
         &self,
@@ -189,7 +190,7 @@ impl StreamHost for ControlPlane {
             let store = store.clone();
             return f(&store);
         }
-        f(&self.snapshot.borrow())
+        f(&self.current.borrow())
     }
 
     fn close(&self, _: Option<String>, id: StreamId, _: Vec<(String, Locator)>) {

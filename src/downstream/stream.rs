@@ -19,14 +19,13 @@ use crate::sync::lock;
 use crate::tls::PeerIdentity;
 use crate::xds::constraints::Params;
 use crate::xds::{
-    AckStatus, Locator, Protocol, RequestEffects, Store, StreamCore, StreamId, TypeSnapshot,
-    XdsRequest,
+    AckStatus, Locator, Protocol, RequestEffects, Store, StreamCore, StreamId, TypeView, XdsRequest,
 };
 
 /// What a stream needs from whoever owns the store it serves.
 pub trait StreamHost: Send + Sync + 'static {
-    /// Per-stream context the host keeps (e.g. the aggregation group).
-    type Session: Send + Sync + 'static;
+    /// What joining gives a stream: its way to its group (the relay: the group itself).
+    type Membership: Send + Sync + 'static;
 
     /// Admits a new stream given the node of its first request; registers its mailbox.
     fn open(
@@ -34,34 +33,40 @@ pub trait StreamHost: Send + Sync + 'static {
         id: StreamId,
         node: &Node,
         mailbox: Arc<Mailbox>,
-    ) -> Result<Self::Session, Status>;
+    ) -> Result<Self::Membership, Status>;
     /// May the client (its TLS identity, if any) join the group `node` maps to? Checked before
     /// [`StreamHost::open`].
     fn authorize(&self, _node: &Node, _peer: Option<&PeerIdentity>) -> Result<(), Status> {
         Ok(())
     }
     /// Sees every request as it arrives (the demo control plane counts them).
-    fn on_request<R: XdsRequest + prost::Message>(&self, _session: &Self::Session, _req: &R) {}
+    fn on_request<R: XdsRequest + prost::Message>(&self, _membership: &Self::Membership, _req: &R) {
+    }
     /// Dynamic parameters for the node's plain-name subscriptions (TP2 migration path).
     fn default_params(&self, _node: &Node) -> Params {
         Params::new()
     }
     /// Applies a request's subscription changes (interest, subscriber index); returns the store
     /// sequence number they were applied at.
-    fn on_effects(&self, session: &Self::Session, id: StreamId, effects: &RequestEffects) -> u64;
+    fn on_effects(
+        &self,
+        membership: &Self::Membership,
+        id: StreamId,
+        effects: &RequestEffects,
+    ) -> u64;
     /// The stream needs `do_not_cache` content sent again by the upstream (C3).
-    fn refetch(&self, _session: &Self::Session, _locators: Vec<(String, Locator)>) {}
-    /// Runs `f` with the store the session is served from.
-    fn with_store<R>(&self, session: &Self::Session, f: impl FnOnce(&Store) -> R) -> R;
+    fn refetch(&self, _membership: &Self::Membership, _locators: Vec<(String, Locator)>) {}
+    /// Runs `f` with the store the membership is served from.
+    fn with_store<R>(&self, membership: &Self::Membership, f: impl FnOnce(&Store) -> R) -> R;
     /// The stream ended; `held` is every subscription it still had.
-    fn close(&self, session: Self::Session, id: StreamId, held: Vec<(String, Locator)>);
+    fn close(&self, membership: Self::Membership, id: StreamId, held: Vec<(String, Locator)>);
     fn next_stream_id(&self) -> StreamId;
     /// The limits every stream of this host enforces (default: none).
     fn limits(&self) -> StreamLimits {
         StreamLimits::default()
     }
-    /// The name of the session's group, for introspection.
-    fn group_name(&self, _session: &Self::Session) -> String {
+    /// The name of the membership's group, for introspection.
+    fn group_name(&self, _membership: &Self::Membership) -> String {
         String::new()
     }
     /// Sees what happens on streams, for metrics and introspection (the relay records them; the
@@ -93,12 +98,12 @@ pub enum StreamEvent<'a> {
 
 /// Read access to a stream's protocol state from outside its task (admin API, CSDS).
 pub trait Introspect: Send + Sync {
-    fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot>;
+    fn view(&self, resources: bool) -> Vec<TypeView>;
 }
 
 impl<C: StreamCore + Send> Introspect for Mutex<C> {
-    fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
-        lock(self).snapshot(resources)
+    fn view(&self, resources: bool) -> Vec<TypeView> {
+        lock(self).view(resources)
     }
 }
 
@@ -224,7 +229,7 @@ async fn drive<H, C>(
     }
     let id = host.next_stream_id();
     let mailbox = Arc::new(Mailbox::default());
-    let session = match host.open(id, &node, mailbox.clone()) {
+    let membership = match host.open(id, &node, mailbox.clone()) {
         Ok(s) => s,
         Err(status) => {
             let _ = tx.send(Box::new(Err(status))).await;
@@ -236,7 +241,7 @@ async fn drive<H, C>(
     } else {
         Protocol::Sotw
     };
-    let group = host.group_name(&session);
+    let group = host.group_name(&membership);
     // DEBUG, like every per-stream line: at INFO a fleet's joins would flood the log, and an
     // enabled span costs on every poll of the stream.
     let span = tracing::debug_span!("xds_stream", stream = id, node_id = %node.id,
@@ -267,7 +272,13 @@ async fn drive<H, C>(
     let outcome: Result<(), Refusal> = async {
         debug!("stream opened");
         handle(
-            &*host, &session, &client, &core, first, fixed_type, &mut guard,
+            &*host,
+            &membership,
+            &client,
+            &core,
+            first,
+            fixed_type,
+            &mut guard,
         )?;
         let mut dirty = true;
         // Since when a response is due but the transport has not taken the previous one.
@@ -282,7 +293,7 @@ async fn drive<H, C>(
             tokio::select! {
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => {
-                        handle(&*host, &session, &client, &core, req, fixed_type, &mut guard)?;
+                        handle(&*host, &membership, &client, &core, req, fixed_type, &mut guard)?;
                         dirty = true;
                     }
                     Ok(None) => return Ok(()),
@@ -311,11 +322,11 @@ async fn drive<H, C>(
                     let (next, refetch) = {
                         let mut core = lock(&core);
                         mailbox.drain_into(&mut *core, &mut received)?;
-                        let next = host.with_store(&session, |store| core.next_frame(store));
+                        let next = host.with_store(&membership, |store| core.next_frame(store));
                         (next, core.take_refetch())
                     };
                     if !refetch.is_empty() {
-                        host.refetch(&session, refetch);
+                        host.refetch(&membership, refetch);
                     }
                     match next {
                         Some(out) => {
@@ -355,7 +366,7 @@ async fn drive<H, C>(
         held.retain(|(t, l)| !(t == &e.type_url && acquired.contains(l)));
         held.extend(e.release.iter().map(|l| (e.type_url.clone(), l.clone())));
     }
-    host.close(session, id, held);
+    host.close(membership, id, held);
 }
 
 /// Per-stream limit state.
@@ -392,7 +403,7 @@ async fn refuse<H: StreamHost>(host: &H, tx: &Outbox, refusal: Refusal) {
 
 fn handle<H, C>(
     host: &H,
-    session: &H::Session,
+    membership: &H::Membership,
     client: &ClientEntry,
     core: &Mutex<C>,
     mut req: C::Request,
@@ -421,7 +432,7 @@ where
             ))));
         }
     }
-    host.on_request(session, &req);
+    host.on_request(membership, &req);
     let effects = lock(core)
         .on_request(&req)
         .map_err(|e| invalid(Status::invalid_argument(e.to_string())))?;
@@ -453,7 +464,7 @@ where
     }
     if !effects.acquire.is_empty() || !effects.release.is_empty() {
         debug!(type_url = %effects.type_url, subscribe = ?effects.acquire, unsubscribe = ?effects.release, "subscription change");
-        let seq = host.on_effects(session, client.id, &effects);
+        let seq = host.on_effects(membership, client.id, &effects);
         lock(core).subscribed_at(seq);
     }
     Ok(())

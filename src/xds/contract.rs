@@ -101,12 +101,12 @@ pub trait StreamCore {
     }
     /// Per-type ACK/NACK state for introspection (admin, CSDS); with `resources`, also every
     /// (name, version) the client holds as far as the relay knows and the names it still waits for.
-    fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot>;
+    fn view(&self, resources: bool) -> Vec<TypeView>;
 }
 
 /// One type of one stream, as the admin API and CSDS report it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TypeSnapshot {
+pub struct TypeView {
     pub type_url: String,
     pub wildcard: bool,
     /// Explicitly subscribed names.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::constraints::{ConstraintKey, Params};
-use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeSnapshot};
+use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeView};
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
 use super::resource::{canonical_name, CachedResource, Locator, Name, SubscriptionStamps};
@@ -999,10 +999,10 @@ impl DeltaStream {
 
     /// Per-type state for the admin API and CSDS; `resources` adds what the client holds and what
     /// it still waits for.
-    pub fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
+    pub fn view(&self, resources: bool) -> Vec<TypeView> {
         self.types
             .iter()
-            .map(|(t, ts)| TypeSnapshot {
+            .map(|(t, ts)| TypeView {
                 type_url: t.clone(),
                 wildcard: ts.wildcard,
                 subscribed: ts.explicit.values().map(BTreeMap::len).sum(),
@@ -1090,7 +1090,7 @@ impl StreamCore for DeltaStream {
     fn take_refetch(&mut self) -> Vec<(String, Locator)> {
         DeltaStream::take_refetch(self)
     }
-    fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
-        DeltaStream::snapshot(self, resources)
+    fn view(&self, resources: bool) -> Vec<TypeView> {
+        DeltaStream::view(self, resources)
     }
 }

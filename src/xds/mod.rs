@@ -29,7 +29,7 @@ pub mod upstream_session;
 pub mod xdstp;
 
 pub use contract::{
-    AckStatus, Protocol, ProtocolError, RequestEffects, StreamCore, TypeSnapshot, XdsRequest,
+    AckStatus, Protocol, ProtocolError, RequestEffects, StreamCore, TypeView, XdsRequest,
 };
 pub use delta::DeltaStream;
 pub use frame::{Frame, FrameCache, Outgoing};

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use super::constraints::{ConstraintKey, Params};
-use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeSnapshot};
+use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeView};
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
 use super::resource::{Locator, Name, SubscriptionStamps};
@@ -546,10 +546,10 @@ impl SotwStream {
     }
 
     /// Per-type state for the admin API and CSDS.
-    pub fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
+    pub fn view(&self, resources: bool) -> Vec<TypeView> {
         self.types
             .iter()
-            .map(|(t, ts)| TypeSnapshot {
+            .map(|(t, ts)| TypeView {
                 type_url: t.clone(),
                 wildcard: ts.wildcard,
                 subscribed: ts.subs.len(),
@@ -646,7 +646,7 @@ impl StreamCore for SotwStream {
     fn take_refetch(&mut self) -> Vec<(String, Locator)> {
         SotwStream::take_refetch(self)
     }
-    fn snapshot(&self, resources: bool) -> Vec<TypeSnapshot> {
-        SotwStream::snapshot(self, resources)
+    fn view(&self, resources: bool) -> Vec<TypeView> {
+        SotwStream::view(self, resources)
     }
 }
