@@ -553,3 +553,84 @@ async fn a20_name_and_locator_selecting_one_resource_send_it_once() {
     assert_eq!(names, vec!["b".to_string(), "c".to_string()], "{r:?}");
     c.expect_silence(Duration::from_millis(300)).await;
 }
+
+/// B20 with variants: a plain-name subscription (default parameters env=prod) and a locator with
+/// no parameters select different variants of one name, but both reach a SotW client without
+/// constraints, so the client can hold only one. The first subscription in order holds the name
+/// (every response alike, no ping-pong); once it is released the other gets its own variant.
+#[test]
+fn b20_sotw_same_name_subscriptions_sent_alike_hold_the_name_in_turn() {
+    use adsrelay::pb::discovery::DiscoveryRequest;
+    use adsrelay::xds::{SotwStream, Store};
+    let unconstrained = Resource {
+        name: "d".into(),
+        version: "2".into(),
+        resource: Some(prost_types::Any {
+            type_url: EDS.into(),
+            value: b"d/any@2".to_vec(),
+        }),
+        ..Default::default()
+    };
+    let store = Store::complete(vec![
+        variant("d", "prod", "1"),
+        (
+            EDS.to_string(),
+            CachedResource::decode(unconstrained.encode_to_vec().into()).unwrap(),
+        ),
+    ]);
+    // The body of each resource, unwrapping `Resource` wrappers (sent to locator subscribers).
+    let bodies = |r: &adsrelay::pb::wire::DiscoveryResponse| -> Vec<String> {
+        r.resources
+            .iter()
+            .map(|b| {
+                let any = prost_types::Any::decode(&b[..]).unwrap();
+                let value = if any.type_url.ends_with(".Resource") {
+                    Resource::decode(&any.value[..])
+                        .unwrap()
+                        .resource
+                        .unwrap()
+                        .value
+                } else {
+                    any.value
+                };
+                String::from_utf8(value).unwrap()
+            })
+            .collect()
+    };
+    let params = std::collections::BTreeMap::from([("env".to_string(), "prod".to_string())]);
+    let mut s = SotwStream::for_node(&Default::default(), params);
+    let both = DiscoveryRequest {
+        type_url: EDS.into(),
+        resource_names: vec!["d".into()],
+        resource_locators: vec![ResourceLocator {
+            name: "d".into(),
+            dynamic_parameters: HashMap::new(),
+        }],
+        ..Default::default()
+    };
+    s.on_request(&both).unwrap();
+    let first = s.next_response(&store).expect("a response");
+    assert_eq!(bodies(&first), vec!["d/any@2"], "one entry for the name");
+    s.on_request(&DiscoveryRequest {
+        response_nonce: first.nonce.clone(),
+        version_info: first.version_info.clone(),
+        ..both.clone()
+    })
+    .unwrap();
+    s.mark_all_pending(EDS);
+    assert!(
+        s.next_response(&store).is_none(),
+        "the held-back subscription must not displace the holder"
+    );
+    // The locator is released: the plain-name subscription now gets its own variant.
+    s.on_request(&DiscoveryRequest {
+        resource_locators: vec![],
+        response_nonce: first.nonce.clone(),
+        version_info: first.version_info.clone(),
+        ..both
+    })
+    .unwrap();
+    let second = s.next_response(&store).expect("the plain-name variant");
+    assert_eq!(bodies(&second), vec!["d/prod@1"]);
+    assert!(s.next_response(&store).is_none());
+}

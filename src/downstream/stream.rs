@@ -293,6 +293,7 @@ async fn drive<H, C>(
             tokio::select! {
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => {
+                        admit(&req, &mut guard)?;
                         handle(&*host, &membership, &client, &core, req, fixed_type, &mut guard)?;
                         dirty = true;
                     }
@@ -401,6 +402,18 @@ async fn refuse<H: StreamHost>(host: &H, tx: &Outbox, refusal: Refusal) {
     .await;
 }
 
+/// A later request's admission: the stream's request rate, then the request's shape (the first
+/// request's shape is checked before the stream joins its group).
+fn admit<R: RequestShape>(req: &R, guard: &mut Guard) -> Result<(), Refusal> {
+    if let Some(bucket) = &mut guard.bucket {
+        if !bucket.take(Instant::now()) {
+            return Err(limits::rate_limited(&guard.limits));
+        }
+    }
+    limits::check_request(req, &guard.limits)
+}
+
+/// Applies an admitted request: to the state machine, then its effects to the group.
 fn handle<H, C>(
     host: &H,
     membership: &H::Membership,
@@ -415,12 +428,6 @@ where
     C: StreamCore,
     C::Request: XdsRequest + RequestShape + prost::Message,
 {
-    if let Some(bucket) = &mut guard.bucket {
-        if !bucket.take(Instant::now()) {
-            return Err(limits::rate_limited(&guard.limits));
-        }
-    }
-    limits::check_request(&req, &guard.limits)?;
     let invalid = |status| Refusal::new(StreamRejection::InvalidRequest, status);
     if let Some(t) = fixed_type {
         let type_url = req.type_url_mut();
