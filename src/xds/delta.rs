@@ -949,8 +949,11 @@ impl DeltaStream {
                     h.constraints().is_some()
                         && store.has_variant(type_url, &l.name, h.key()) == Some(false)
                 });
-                if held_variant_gone
-                    || (via_wildcard && authoritative && (forced || ts.known.contains_key(l)))
+                // A31: a removal the client rejected is not repeated until something changes.
+                let removal_rejected = !forced && ts.was_rejected(l, None);
+                if !removal_rejected
+                    && (held_variant_gone
+                        || (via_wildcard && authoritative && (forced || ts.known.contains_key(l))))
                 {
                     remove(ts, out);
                 } else if !covered && !ts.wildcard {
