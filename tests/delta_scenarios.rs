@@ -1409,3 +1409,19 @@ fn a11_record_after_nack_matches_the_reconnect_irv() {
     client.stream.mark_all_pending(EDS);
     client.none(&store);
 }
+
+#[test]
+fn a31_nacked_wildcard_removal_is_not_repeated() {
+    // A wildcard client reconnects claiming b, which the upstream no longer has (A12).
+    let store = synced_store(CDS, &[("a", "v1")]);
+    let mut client = Client::new();
+    client.send(req(CDS).irv(&[("a", "v1"), ("b", "v1")]));
+    let r = client.one(&store);
+    assert_eq!(r.removed(), set(&["b"]));
+    // The client rejects the removal: it keeps b, and the removal is not sent again while
+    // nothing changes, even when the type is looked at again.
+    client.send(req(CDS).nack(&r.nonce, "no"));
+    assert_eq!(held(&client, CDS, "b").as_deref(), Some("v1"));
+    client.stream.mark_all_pending(CDS);
+    client.none(&store);
+}
