@@ -35,7 +35,7 @@ use tonic_prost::ProstCodec;
 use adsrelay::pb::discovery::{DeltaDiscoveryRequest, DiscoveryRequest};
 use adsrelay::pb::wire::{DeltaDiscoveryResponse, DiscoveryResponse};
 
-use crate::report::UpstreamFigures;
+use crate::measure::UpstreamFigures;
 use crate::workload::{parse_index, resource, Changed, Kind, Workload};
 
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";

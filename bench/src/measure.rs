@@ -11,6 +11,15 @@ use tokio::sync::Notify;
 
 use crate::workload::{Changed, Workload};
 
+/// What a control plane (the upstream of the relay, or a baseline serving clients itself) saw:
+/// streams opened, open now, and requests received.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct UpstreamFigures {
+    pub streams_opened: u64,
+    pub active_streams: u64,
+    pub requests: u64,
+}
+
 /// One update in flight: published before the upstream is told, so no client can see the new
 /// version before its start time is set.
 #[derive(Debug)]

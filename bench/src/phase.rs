@@ -18,12 +18,12 @@ use adsrelay::demo::ControlPlane;
 
 use crate::cli::{Args, ChurnKind};
 use crate::client::{self, Ctrl, Protocol};
-use crate::measure::{self, cdf, new_histogram, Dist, RunCtx, UpdateResult};
+use crate::measure::{self, cdf, new_histogram, Dist, RunCtx, UpdateResult, UpstreamFigures};
 use crate::procfs::{self, ProcSample};
 use crate::progress::Progress;
 use crate::relay_proc::RelayProcess;
 use crate::report::{
-    IdleFigures, Milestone, PhaseReport, ServerFigures, SoakFigures, StormFigures, UpstreamFigures,
+    IdleFigures, Milestone, PhaseReport, ServerFigures, SoakFigures, StormFigures,
 };
 use crate::server_proc::{Baseline, ServerProcess};
 use crate::workload::{build_resources, Versions, Workload};

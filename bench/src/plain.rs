@@ -26,7 +26,7 @@ use adsrelay::pb::discovery::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
 };
 
-use crate::report::UpstreamFigures;
+use crate::measure::UpstreamFigures;
 use crate::workload::{parse_index, resource, Changed, Kind, Workload};
 
 /// Every resource at its current version. Shared by all streams through the `watch` channel;

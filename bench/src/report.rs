@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::cli::Args;
-use crate::measure::{Dist, UpdateResult};
+use crate::measure::{Dist, UpdateResult, UpstreamFigures};
 use crate::procfs::ProcSample;
 use crate::workload::Workload;
 
@@ -40,13 +40,6 @@ pub struct ServerFigures {
     /// Server CPU during the updates divided by the deliveries (client-updates).
     pub cpu_per_delivery_us: f64,
     pub milestones: Vec<Milestone>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
-pub struct UpstreamFigures {
-    pub streams_opened: u64,
-    pub active_streams: u64,
-    pub requests: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]

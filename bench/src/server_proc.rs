@@ -20,8 +20,8 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use adsrelay::demo::ControlPlane;
 
 use crate::floor::FloorServer;
+use crate::measure::UpstreamFigures;
 use crate::plain::PlainControlPlane;
-use crate::report::UpstreamFigures;
 use crate::workload::{build_resources, Changed, Versions, Workload};
 
 /// A baseline server loadgen can run as a child process.
