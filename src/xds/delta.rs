@@ -78,7 +78,7 @@ impl Held {
 struct TypeState {
     wildcard: bool,
     /// name -> parameter set -> subscribed by plain name (true) or by locator (false).
-    explicit: BTreeMap<Name, BTreeMap<Arc<Params>, bool>>,
+    explicit: BTreeMap<Name, ParamSets>,
     /// What the client holds, from our responses and its `initial_resource_versions`. Changed
     /// only through [`TypeState::hold`] / [`TypeState::unhold`] while building a response, so a
     /// NACK can put it back (A23: a client that rejects a version keeps the one before).
@@ -184,6 +184,60 @@ impl TypeState {
         self.explicit
             .get(&l.name)
             .is_some_and(|m| m.contains_key(&l.params))
+    }
+}
+
+/// The parameter sets a name is subscribed with on one stream, and whether each came by plain
+/// name. Nearly always one: a sorted `Vec` costs a tenth of a map per name, and this is held per
+/// client per subscribed name.
+#[derive(Debug, Default)]
+struct ParamSets(Vec<(Arc<Params>, bool)>);
+
+impl ParamSets {
+    fn find(&self, params: &Arc<Params>) -> Result<usize, usize> {
+        self.0.binary_search_by(|(p, _)| p.cmp(params))
+    }
+
+    /// Adds `params`; returns the previous `by_name` if it was there.
+    fn insert(&mut self, params: Arc<Params>, by_name: bool) -> Option<bool> {
+        match self.find(&params) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, by_name)),
+            Err(i) => {
+                self.0.insert(i, (params, by_name));
+                None
+            }
+        }
+    }
+
+    fn remove(&mut self, params: &Arc<Params>) -> Option<bool> {
+        self.find(params).ok().map(|i| self.0.remove(i).1)
+    }
+
+    fn contains_key(&self, params: &Arc<Params>) -> bool {
+        self.find(params).is_ok()
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &Arc<Params>> {
+        self.0.iter().map(|(p, _)| p)
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<'a> IntoIterator for &'a ParamSets {
+    type Item = (&'a Arc<Params>, &'a bool);
+    type IntoIter = std::iter::Map<
+        std::slice::Iter<'a, (Arc<Params>, bool)>,
+        fn(&'a (Arc<Params>, bool)) -> (&'a Arc<Params>, &'a bool),
+    >;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter().map(|(p, b)| (p, b))
     }
 }
 
@@ -437,6 +491,10 @@ impl DeltaStream {
                 // A9: no response needed; stop tracking so a later subscribe starts fresh.
                 ts.forget(&l);
                 ts.forced.remove(&l);
+                // Another subscription of the name may have waited for this one (B20).
+                if ts.wildcard || ts.explicit.contains_key(&l.name) {
+                    ts.pending.insert(l.name.clone());
+                }
                 if ts.empty_globs.remove(&l.name) || xdstp::is_glob(&l.name) {
                     // A28: so are the members the glob alone covered.
                     let explicit = &ts.explicit;
@@ -711,7 +769,33 @@ impl DeltaStream {
                 subs.entry(l.clone())
                     .or_insert((l.params == defaults, false));
             }
+            // B20: the client holds one resource per wire identity. When two subscriptions of
+            // this name select different resources sent alike, the first in order holds it in
+            // every response alike (else they would displace each other at the client); the
+            // other gives up what it held and waits for the conflict to end.
+            let contested = subs.len() > 1;
+            let mut claimed: HashMap<(Name, ConstraintKey, bool), Arc<CachedResource>> =
+                HashMap::new();
             for (l, (by_name, covered)) in subs {
+                if contested && covered {
+                    if let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) {
+                        match claimed.entry(wire_id(r, by_name)) {
+                            std::collections::hash_map::Entry::Occupied(e) => {
+                                let holder = e.get();
+                                if !(Arc::ptr_eq(holder, r)
+                                    || (holder.version == r.version && holder.key == r.key))
+                                {
+                                    ts.unhold(&l);
+                                    ts.forced.remove(&l);
+                                    continue;
+                                }
+                            }
+                            std::collections::hash_map::Entry::Vacant(e) => {
+                                e.insert(r.clone());
+                            }
+                        }
+                    }
+                }
                 Self::evaluate(
                     ts,
                     type_url,
@@ -1008,7 +1092,7 @@ impl DeltaStream {
             .map(|(t, ts)| TypeView {
                 type_url: t.clone(),
                 wildcard: ts.wildcard,
-                subscribed: ts.explicit.values().map(BTreeMap::len).sum(),
+                subscribed: ts.explicit.values().map(ParamSets::len).sum(),
                 held: ts.known.len(),
                 last_nonce: ts.last_nonce.clone(),
                 last_ack: ts.last_ack.clone(),
@@ -1054,7 +1138,7 @@ impl DeltaStream {
             .map(|(t, ts)| TypeStatus {
                 type_url: t.clone(),
                 wildcard: ts.wildcard,
-                explicit: ts.explicit.values().map(BTreeMap::len).sum(),
+                explicit: ts.explicit.values().map(ParamSets::len).sum(),
                 last_nonce: ts.last_nonce.clone(),
                 last_ack: ts.last_ack.clone(),
                 last_nack: ts.last_nack.clone(),

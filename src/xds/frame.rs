@@ -33,9 +33,9 @@ use crate::sync::lock;
 
 /// Frames kept per group. A change fans out as one frame per distinct content; a handful of
 /// contents are live at a time (one per type and subscription shape).
-pub const MAX_FRAMES: usize = 256;
+pub const MAX_FRAMES: usize = 64;
 /// Bytes of frames kept per group (besides the resources themselves, which the store holds).
-pub const MAX_FRAME_BYTES: usize = 32 << 20;
+pub const MAX_FRAME_BYTES: usize = 16 << 20;
 
 /// A response ready for the wire.
 #[derive(Debug, Clone)]
