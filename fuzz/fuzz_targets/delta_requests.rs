@@ -16,7 +16,7 @@
 //! - when the stream ends, the group holds no interest and no index entry for it.
 #![no_main]
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,12 +43,77 @@ struct Model {
     /// Every (type, name) the client ever subscribed to explicitly.
     asked: BTreeSet<(String, String)>,
     held: HeldModel,
+    /// What the client holds after applying only the responses it accepted (a NACKed response
+    /// changes nothing, B7): each response's changes wait under its nonce until answered.
+    accepted: HeldModel,
+    unanswered: BTreeMap<String, VecDeque<(u64, Vec<HeldChange>)>>,
     nonces: HashSet<String>,
     /// Latest nonce received per type, for delayed ACKs.
     last_nonce: BTreeMap<String, String>,
 }
 
+/// One change a response makes to what the client holds: (name, form, version or removal).
+type HeldChange = (String, Form, Option<String>);
+
+/// Responses per type the relay remembers unanswered (`unacked::MAX_IN_FLIGHT`); older ones count
+/// as accepted there, and so here.
+const MAX_UNANSWERED: usize = 16;
+
 impl Model {
+    fn apply(accepted: &mut HeldModel, t: &str, changes: Vec<HeldChange>) {
+        for (name, form, version) in changes {
+            match version {
+                Some(v) => accepted.insert(t, &name, form, &v),
+                None => accepted.remove(t, &name, Some(&form)),
+            }
+        }
+    }
+
+    fn sent(&mut self, t: &str, nonce: &str, changes: Vec<HeldChange>) {
+        let (Ok(n), false) = (nonce.parse::<u64>(), changes.is_empty()) else {
+            return;
+        };
+        let q = self.unanswered.entry(t.to_string()).or_default();
+        q.push_back((n, changes));
+        if q.len() > MAX_UNANSWERED {
+            if let Some((_, old)) = q.pop_front() {
+                Self::apply(&mut self.accepted, t, old);
+            }
+        }
+    }
+
+    /// The client answered `nonce`: everything before it was accepted; it was itself unless
+    /// `nacked`.
+    fn answered(&mut self, t: &str, nonce: &str, nacked: bool) {
+        let Ok(n) = nonce.parse::<u64>() else {
+            return;
+        };
+        let Some(q) = self.unanswered.get_mut(t) else {
+            return;
+        };
+        if !q.iter().any(|(m, _)| *m == n) {
+            return;
+        }
+        while let Some((m, changes)) = q.pop_front() {
+            if m == n && nacked {
+                break;
+            }
+            Self::apply(&mut self.accepted, t, changes);
+            if m == n {
+                break;
+            }
+        }
+    }
+
+    /// At the end every response still unanswered counts as applied (as the relay records it).
+    fn settle_all(&mut self) {
+        for (t, q) in std::mem::take(&mut self.unanswered) {
+            for (_, changes) in q {
+                Self::apply(&mut self.accepted, &t, changes);
+            }
+        }
+    }
+
     fn subscribed_name(&self, type_url: &str, name: &str) -> bool {
         self.explicit
             .iter()
@@ -186,6 +251,7 @@ fn run(data: &[u8]) {
                 drained,
                 "the stream keeps producing responses with nothing changing"
             );
+            h.model.settle_all();
             h.check_delivered();
             let held = h.stream.subscriptions();
             h.close(held);
@@ -277,6 +343,11 @@ impl Harness {
         limits::check_request(&req, &self.limits).map_err(|_| End::Refused)?;
         let effects = self.stream.on_request(&req).map_err(|_| End::Refused)?;
         self.model_request(&req);
+        if !req.response_nonce.is_empty() {
+            let nacked = req.error_detail.is_some();
+            self.model
+                .answered(&req.type_url, &req.response_nonce, nacked);
+        }
         let subs = self.stream.subscriptions();
         let expected: BTreeSet<(String, Locator)> = self
             .model
@@ -343,6 +414,7 @@ impl Harness {
             }
             for (n, v) in &req.initial_resource_versions {
                 m.held.insert(&t, n, Form::Plain, v);
+                m.accepted.insert(&t, n, Form::Plain, v);
             }
         }
         for (l, _) in sub {
@@ -363,6 +435,7 @@ impl Harness {
                         .map(|(_, l)| l.name.to_string())
                         .collect();
                     m.held.retain_names(&t, |n| explicit.contains(n));
+                    m.accepted.retain_names(&t, |n| explicit.contains(n));
                 }
             } else {
                 m.explicit.remove(&(t.clone(), l));
@@ -407,6 +480,7 @@ impl Harness {
             "response for a type never requested: {t}"
         );
         let mut added = BTreeSet::new();
+        let mut changes: Vec<HeldChange> = Vec::new();
         for b in &resp.resources {
             let (name, form, version, _body) = resource_identity(b);
             assert!(
@@ -421,6 +495,7 @@ impl Harness {
                 added.insert((name.clone(), form.clone())),
                 "{t} {name} {form:?} twice in one response"
             );
+            changes.push((name.clone(), form.clone(), Some(version.clone())));
             m.held.insert(t, &name, form, &version);
         }
         for n in &resp.removed_resources {
@@ -433,6 +508,7 @@ impl Harness {
                 m.may_remove(t, n),
                 "removal of {t} {n}, which the client neither held nor asked for"
             );
+            changes.push((n.clone(), Form::Plain, None));
             m.held.remove(t, n, Some(&Form::Plain));
         }
         for rn in &resp.removed_resource_names {
@@ -456,8 +532,10 @@ impl Harness {
                 "variant removal of {t} {} {form:?}, a variant the client never held",
                 rn.name
             );
+            changes.push((rn.name.clone(), form.clone(), None));
             m.held.remove(t, &rn.name, Some(&form));
         }
+        m.sent(t, &resp.nonce, changes);
         for e in &resp.resource_errors {
             let n = e
                 .resource_name
@@ -514,7 +592,7 @@ impl Harness {
                     continue;
                 }
                 assert!(
-                    self.model.held.holds_version(t, &l.name, &r.version),
+                    self.model.accepted.holds_version(t, &l.name, &r.version),
                     "subscribed {t} {l} never received v{} held by the store",
                     r.version
                 );
