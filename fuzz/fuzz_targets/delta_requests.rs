@@ -47,6 +47,8 @@ struct Model {
     /// changes nothing, B7): each response's changes wait under its nonce until answered.
     accepted: HeldModel,
     unanswered: BTreeMap<String, VecDeque<(u64, Vec<HeldChange>)>>,
+    /// (type, name, version) the client rejected: not sent again until it changes (A31).
+    rejected: BTreeSet<(String, String, String)>,
     nonces: HashSet<String>,
     /// Latest nonce received per type, for delayed ACKs.
     last_nonce: BTreeMap<String, String>,
@@ -96,6 +98,11 @@ impl Model {
         }
         while let Some((m, changes)) = q.pop_front() {
             if m == n && nacked {
+                for (name, _, version) in changes {
+                    if let Some(v) = version {
+                        self.rejected.insert((t.to_string(), name, v));
+                    }
+                }
                 break;
             }
             Self::apply(&mut self.accepted, t, changes);
@@ -591,8 +598,11 @@ impl Harness {
                 if r.do_not_cache && !store.is_source() {
                     continue;
                 }
+                let rejected =
+                    (t.clone(), l.name.to_string(), r.version.to_string());
                 assert!(
-                    self.model.accepted.holds_version(t, &l.name, &r.version),
+                    self.model.accepted.holds_version(t, &l.name, &r.version)
+                        || self.model.rejected.contains(&rejected),
                     "subscribed {t} {l} never received v{} held by the store",
                     r.version
                 );
