@@ -24,6 +24,8 @@ impl Merged {
     pub fn to_config(&self) -> Result<Config, ConfigError> {
         let s = &self.settings;
         let single = self.parse("upstream", &s.upstream, parse_upstream)?;
+        // The list, when set, is the failover order and its first entry the upstream; an empty
+        // list with no upstream at all is reported as the missing upstream below.
         let upstreams = match &s.upstreams {
             Some(list) if list.is_empty() && single.is_some() => {
                 return Err(self.invalid("upstreams", "must list at least one address"))
