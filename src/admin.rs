@@ -19,9 +19,9 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tracing::{debug, info};
 
-use crate::config::logging;
 use crate::csds::TypeAck;
 use crate::group::UpstreamStatus;
+use crate::logging;
 use crate::relay::Relay;
 use crate::sync::lock;
 

@@ -28,7 +28,8 @@
 //!   [`rfc3339`]: the times they print.
 //! - [`metrics`]: every metric name and HELP text; [`process`]: the descriptor limit and
 //!   `process_*` metrics.
-//! - [`config`]: flags, environment and config file -> validated [`config::Config`].
+//! - [`config`]: one settings struct read from flags, environment and config file -> validated
+//!   [`config::Config`]; [`logging`]: log format and run-time level.
 //! - [`backoff`], [`token_bucket`], [`sync`]: small helpers (retry delays, rate limits, locks).
 //! - [`demo`]: the embedded demo control plane, its example resources and backend.
 //! - [`pb`]: generated protobuf types (proto/ is the wire contract).
@@ -45,6 +46,7 @@ pub mod downstream;
 pub mod drain;
 pub mod group;
 pub mod grouping;
+pub mod logging;
 pub mod metrics;
 pub mod pb;
 pub mod process;

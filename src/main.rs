@@ -6,11 +6,11 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches};
 use tokio::net::TcpListener;
 
-use adsrelay::config::{Cli, Command, LogFormat, RelayArgs};
+use adsrelay::config::{Cli, Command, LogFormat, Merged, Settings};
 
 fn init_tracing(format: LogFormat) {
     // Reloadable, so `POST /debug/log-level` can change the level at run time.
-    adsrelay::config::logging::init(format);
+    adsrelay::logging::init(format);
 }
 
 async fn shutdown_signal() {
@@ -32,21 +32,13 @@ async fn shutdown_signal() {
 }
 
 /// `adsrelay check-config`: validate and print the effective configuration; binds nothing.
-fn check_config(matches: &clap::ArgMatches) -> ExitCode {
-    let args = RelayArgs::from_matches(matches).unwrap_or_else(|e| e.exit());
-    let path = args.config.clone();
-    match args.into_config() {
-        Ok(config) => {
-            // Already parsed once by into_config; re-read only to tell file values from defaults.
-            let table = path
-                .as_ref()
-                .and_then(|p| std::fs::read_to_string(p).ok())
-                .and_then(|t| t.parse::<toml::Table>().ok());
-            let shown = path.as_ref().map(|p| p.display().to_string());
-            let file = table.as_ref().zip(shown.as_deref());
+fn check_config(args: Settings, matches: Option<&clap::ArgMatches>) -> ExitCode {
+    let loaded = Merged::load(args, matches).and_then(|m| Ok((m.to_config()?, m)));
+    match loaded {
+        Ok((config, merged)) => {
             print!(
                 "{}",
-                adsrelay::config::effective::report(&config, Some(matches), file)
+                adsrelay::config::effective::report(&config, &merged.origins)
             );
             println!("# config OK");
             ExitCode::SUCCESS
@@ -73,15 +65,12 @@ async fn main() -> ExitCode {
                 }
             };
         }
-        Some(Command::CheckConfig(_)) => {
-            if let Some(sub) = matches.subcommand_matches("check-config") {
-                return check_config(sub);
-            }
+        Some(Command::CheckConfig(args)) => {
+            return check_config(*args, matches.subcommand_matches("check-config"));
         }
         None => {}
     }
-    let relay = RelayArgs::from_matches(&matches).unwrap_or_else(|e| e.exit());
-    let config = match relay.into_config() {
+    let config = match Merged::load(cli.relay, Some(&matches)).and_then(|m| m.to_config()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("adsrelay: config error: {e}");

@@ -262,7 +262,7 @@ fn shipped_configs() -> Vec<PathBuf> {
 }
 
 fn load(path: &Path) -> adsrelay::config::Config {
-    adsrelay::config::RelayArgs {
+    adsrelay::config::Settings {
         config: Some(path.to_path_buf()),
         ..Default::default()
     }

@@ -375,7 +375,7 @@ async fn admin_and_csds_report_acked_and_nacked_clients() {
     assert_eq!(status, 405);
     let (status, _) = http_request(relay.admin, "GET", "/nope").await;
     assert_eq!(status, 404);
-    adsrelay::config::logging::init(adsrelay::config::LogFormat::Text);
+    adsrelay::logging::init(adsrelay::config::LogFormat::Text);
     let (status, body) = http_request(relay.admin, "POST", "/debug/log-level?level=warn").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(get_json(&relay, "/debug/config").await["log_level"], "warn");

@@ -538,13 +538,13 @@ async fn tls_connections_are_counted_limited_and_drained() {
 
 #[test]
 fn unusable_tls_files_are_config_errors_naming_the_setting_and_the_file() {
-    use adsrelay::config::RelayArgs;
-    let mut args = RelayArgs {
+    use adsrelay::config::Settings;
+    let mut args = Settings {
         upstream: Some("127.0.0.1:1".into()),
         ..Default::default()
     };
-    args.tls.tls_cert = Some("/nonexistent/relay.crt".into());
-    args.tls.tls_key = Some("/nonexistent/relay.key".into());
+    args.tls_cert = Some("/nonexistent/relay.crt".into());
+    args.tls_key = Some("/nonexistent/relay.key".into());
     let e = args.into_config().unwrap_err().to_string();
     assert!(
         e.contains("--tls-cert") && e.contains("tls_cert") && e.contains("/nonexistent/relay.crt"),
@@ -554,24 +554,24 @@ fn unusable_tls_files_are_config_errors_naming_the_setting_and_the_file() {
     let pki = Pki::new("config");
     let a = pki.issue("a", "a", &["x"], &[]);
     let b = pki.issue("b", "b", &["x"], &[]);
-    let mut args = RelayArgs {
+    let mut args = Settings {
         upstream: Some("127.0.0.1:1".into()),
         ..Default::default()
     };
-    args.tls.tls_cert = Some(a.cert.clone());
-    args.tls.tls_key = Some(b.key.clone());
+    args.tls_cert = Some(a.cert.clone());
+    args.tls_key = Some(b.key.clone());
     let e = args.into_config().unwrap_err().to_string();
     assert!(
         e.contains("tls_key") && e.contains(&b.key.display().to_string()),
         "{e}"
     );
 
-    let mut args = RelayArgs {
+    let mut args = Settings {
         upstream: Some("127.0.0.1:1".into()),
         ..Default::default()
     };
-    args.tls.upstream_ca = Some("/nonexistent/ca.crt".into());
-    args.tls.upstream_tls = true;
+    args.upstream_ca = Some("/nonexistent/ca.crt".into());
+    args.upstream_tls = Some(true);
     let e = args.into_config().unwrap_err().to_string();
     assert!(
         e.contains("--upstream-ca")
@@ -592,7 +592,7 @@ fn unusable_tls_files_are_config_errors_naming_the_setting_and_the_file() {
         ),
     )
     .unwrap();
-    let args = RelayArgs {
+    let args = Settings {
         config: Some(file.clone()),
         ..Default::default()
     };

@@ -4,70 +4,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::Config;
-
-/// Where one setting's value came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    Flag(String),
-    Env(String),
-    File(String),
-    Default,
-}
-
-impl std::fmt::Display for Source {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Source::Flag(flag) => write!(f, "flag --{flag}"),
-            Source::Env(var) => write!(f, "env {var}"),
-            Source::File(path) => write!(f, "file {path}"),
-            Source::Default => f.write_str("default"),
-        }
-    }
-}
-
-/// The long flag of a config key (they match but for this one, which is repeatable).
-fn flag_of(key: &str) -> String {
-    match key {
-        "params_from_metadata" => "param-from-metadata".into(),
-        k => k.replace('_', "-"),
-    }
-}
-
-/// Where `key` came from: `matches` are the parsed flags (their ids are the config keys), `file`
-/// the parsed config file and its path.
-pub fn source(
-    key: &str,
-    matches: Option<&clap::ArgMatches>,
-    file: Option<(&toml::Table, &str)>,
-) -> Source {
-    use clap::parser::ValueSource;
-    let from_flags = matches
-        .and_then(|m| {
-            m.try_get_raw(key)
-                .ok()
-                .flatten()
-                .map(|_| m.value_source(key))
-        })
-        .flatten();
-    // The failover list defaults to the single upstream: it comes from wherever that came from.
-    if key == "upstreams" && from_flags.is_none() && !file.is_some_and(|(t, _)| t.contains_key(key))
-    {
-        return source("upstream", matches, file);
-    }
-    match from_flags {
-        Some(ValueSource::CommandLine) => Source::Flag(flag_of(key)),
-        Some(ValueSource::EnvVariable) => Source::Env(super::env_var(&flag_of(key))),
-        _ => match file {
-            Some((table, path)) if table.contains_key(key) => Source::File(path.to_string()),
-            // The file's failover list also sets the upstream.
-            Some((table, path)) if key == "upstream" && table.contains_key("upstreams") => {
-                Source::File(path.to_string())
-            }
-            _ => Source::Default,
-        },
-    }
-}
+use super::{Config, Origins, Source};
 
 /// A duration as the config accepts it back (`250ms`, `30s`, `5m`, `1h`).
 pub fn duration(d: Duration) -> String {
@@ -184,18 +121,24 @@ pub fn settings(c: &Config) -> Vec<(&'static str, Option<String>)> {
     ]
 }
 
+/// Where `key`'s effective value came from: the failover list that was not set is the single
+/// upstream, and comes from wherever that came from.
+fn source(key: &str, origins: &Origins) -> Source {
+    let known = origins.get(key).or_else(|| match key {
+        "upstreams" => origins.get("upstream"),
+        _ => None,
+    });
+    known.cloned().unwrap_or(Source::Default)
+}
+
 /// The report `check-config` prints: one `key = value  # source` line per setting; the
 /// structured file-only tables are summarized.
-pub fn report(
-    c: &Config,
-    matches: Option<&clap::ArgMatches>,
-    file: Option<(&toml::Table, &str)>,
-) -> String {
+pub fn report(c: &Config, origins: &Origins) -> String {
     let mut out = String::from(
         "# adsrelay effective configuration (flag > ADSRELAY_* env > file > default)\n",
     );
     for (key, value) in settings(c) {
-        let from = source(key, matches, file);
+        let from = source(key, origins);
         let _ = match value {
             Some(v) => writeln!(out, "{key} = {v}  # {from}"),
             None => writeln!(out, "# {key} is not set  # {from}"),
