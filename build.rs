@@ -1,5 +1,6 @@
 //! Compiles proto/ with protox (no protoc binary) and generates:
 //! - prost messages for the wire contract and tonic client/server for the real ADS service;
+//! - prost messages for the body of the warm-restart snapshot file (proto/adsrelay/snapshot.proto);
 //! - a hand-declared "relay" ADS service whose responses are the shadow messages of
 //!   proto/adsrelay/wire.proto, so encoded resources pass through the relay verbatim.
 
@@ -120,12 +121,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         [
             "envoy/service/discovery/v3/ads.proto",
             "adsrelay/wire.proto",
+            "adsrelay/snapshot.proto",
             "envoy/service/status/v3/csds.proto",
         ],
         ["proto"],
     )?;
     tonic_prost_build::configure()
         .bytes(".adsrelay.wire")
+        // Restored resources share the buffer the snapshot file was read into.
+        .bytes(".adsrelay.snapshot")
+        .btree_map(".adsrelay.snapshot.Locator.params")
         .compile_fds(fds)?;
 
     let method = |name: &str, route: &str, input: &str, output: &str| {

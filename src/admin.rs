@@ -1,21 +1,25 @@
-//! Admin HTTP server (hyper): /healthz, /readyz, /metrics, JSON debug endpoints (cache, clients,
+//! Admin HTTP server (an axum router served by hyper over our own accept loop): /healthz, /readyz, /metrics, JSON debug endpoints (cache, clients,
 //! upstreams, config) and the run-time log level (POST). See README "Operations".
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::handler::Handler;
+use axum::response::Response;
+use axum::routing::{get, post, MethodRouter};
+use axum::Router;
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::Full;
-use hyper::body::Incoming;
+use http::header::{self, HeaderValue};
+use http::StatusCode;
 use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use serde::Serialize;
+use hyper_util::service::TowerToHyperService;
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tracing::{debug, info};
 
@@ -148,71 +152,84 @@ fn readiness(relay: &Relay) -> Readiness {
     }
 }
 
-fn respond(
-    status: StatusCode,
-    content_type: &str,
-    body: impl Into<Bytes>,
-) -> Response<Full<Bytes>> {
+fn respond(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response {
     Response::builder()
         .status(status)
-        .header("content-type", content_type)
-        .body(Full::new(body.into()))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Body::from(body.into()))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
 }
 
-fn json(status: StatusCode, value: &impl Serialize) -> Response<Full<Bytes>> {
+/// Pretty-printed and newline-terminated for people using curl, which `axum::Json` is not.
+fn json(status: StatusCode, value: &impl Serialize) -> Response {
     let mut body = serde_json::to_vec_pretty(value).unwrap_or_default();
     body.push(b'\n');
     respond(status, "application/json", body)
 }
 
-fn method_not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
+fn method_not_allowed(allow: &'static str) -> Response {
     let mut r = respond(
         StatusCode::METHOD_NOT_ALLOWED,
         "text/plain",
         format!("method not allowed; use {allow}\n"),
     );
     r.headers_mut()
-        .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
     r
 }
 
-/// Decodes `%XX` escapes and `+` in a query component.
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = |b: u8| (b as char).to_digit(16);
-                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push((h * 16 + l) as u8);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// `/debug/cache` parameters. Read through a map so a repeated parameter keeps its last value
+/// (a derived struct would reject it) and a bad `limit` falls back to the default.
+#[derive(Debug, Deserialize)]
+#[serde(from = "HashMap<String, String>")]
+struct CacheQuery {
+    type_url: Option<String>,
+    prefix: Option<String>,
+    group: Option<String>,
+    limit: Option<usize>,
 }
 
-fn query(req: &Request<Incoming>) -> HashMap<String, String> {
-    req.uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter(|kv| !kv.is_empty())
-        .map(|kv| match kv.split_once('=') {
-            Some((k, v)) => (percent_decode(k), percent_decode(v)),
-            None => (percent_decode(kv), String::new()),
-        })
-        .collect()
+impl From<HashMap<String, String>> for CacheQuery {
+    fn from(mut q: HashMap<String, String>) -> Self {
+        CacheQuery {
+            type_url: q.remove("type"),
+            prefix: q.remove("prefix"),
+            group: q.remove("group"),
+            limit: q.remove("limit").and_then(|l| l.parse().ok()),
+        }
+    }
+}
+
+/// `/debug/clients` parameters (a repeated one keeps its last value, as for [`CacheQuery`]).
+#[derive(Debug, Deserialize)]
+#[serde(from = "HashMap<String, String>")]
+struct ClientsQuery {
+    node_id: Option<String>,
+    group: Option<String>,
+}
+
+impl From<HashMap<String, String>> for ClientsQuery {
+    fn from(mut q: HashMap<String, String>) -> Self {
+        ClientsQuery {
+            node_id: q.remove("node_id"),
+            group: q.remove("group"),
+        }
+    }
+}
+
+/// `/debug/log-level` parameters (a repeated one keeps its last value, as for [`CacheQuery`]).
+#[derive(Debug, Deserialize)]
+#[serde(from = "HashMap<String, String>")]
+struct LogLevelQuery {
+    level: Option<String>,
+}
+
+impl From<HashMap<String, String>> for LogLevelQuery {
+    fn from(mut q: HashMap<String, String>) -> Self {
+        LogLevelQuery {
+            level: q.remove("level"),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -247,23 +264,23 @@ struct CacheDump {
 }
 
 /// `/debug/cache?type=&prefix=&group=&limit=`: names, versions and sizes; never bodies.
-fn debug_cache(relay: &Relay, q: &HashMap<String, String>) -> CacheDump {
-    let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(1000);
-    let prefix = q.get("prefix").map(String::as_str).unwrap_or("");
+fn debug_cache(relay: &Relay, q: &CacheQuery) -> CacheDump {
+    let limit = q.limit.unwrap_or(1000);
+    let prefix = q.prefix.as_deref().unwrap_or("");
     let mut left = limit;
     let mut truncated = false;
     let mut groups = relay.groups();
     groups.sort_by(|a, b| a.name.cmp(&b.name));
     let mut out = Vec::new();
     for g in groups {
-        if q.get("group").is_some_and(|want| *want != g.name) {
+        if q.group.as_ref().is_some_and(|want| *want != g.name) {
             continue;
         }
         let state = lock(&g.state);
         let mut type_urls: Vec<&str> = state
             .store
             .type_urls()
-            .filter(|t| q.get("type").is_none_or(|want| want == t))
+            .filter(|t| q.type_url.as_deref().is_none_or(|want| want == *t))
             .collect();
         type_urls.sort_unstable();
         let mut types = Vec::new();
@@ -344,13 +361,13 @@ struct ClientInfo {
 }
 
 /// `/debug/clients?node_id=&group=`: every open stream and its per-type ACK/NACK state.
-fn debug_clients(relay: &Relay, q: &HashMap<String, String>) -> Vec<ClientInfo> {
+fn debug_clients(relay: &Relay, q: &ClientsQuery) -> Vec<ClientInfo> {
     let mut clients = relay.clients();
     clients.sort_by_key(|c| c.id);
     clients
         .into_iter()
-        .filter(|c| q.get("node_id").is_none_or(|n| *n == c.node.id))
-        .filter(|c| q.get("group").is_none_or(|g| *g == c.group))
+        .filter(|c| q.node_id.as_ref().is_none_or(|n| *n == c.node.id))
+        .filter(|c| q.group.as_ref().is_none_or(|g| *g == c.group))
         .map(|c| {
             let types = c
                 .core
@@ -460,15 +477,15 @@ fn debug_config(relay: &Relay) -> serde_json::Value {
     })
 }
 
-fn set_log_level(q: &HashMap<String, String>) -> Response<Full<Bytes>> {
-    let Some(level) = q.get("level").filter(|l| !l.is_empty()) else {
+async fn set_log_level(Query(q): Query<LogLevelQuery>) -> Response {
+    let Some(level) = q.level.filter(|l| !l.is_empty()) else {
         return respond(
             StatusCode::BAD_REQUEST,
             "text/plain",
             "missing ?level=, e.g. ?level=debug or ?level=info,adsrelay=debug\n",
         );
     };
-    match logging::set_level(level) {
+    match logging::set_level(&level) {
         Ok(()) => {
             info!(level = %level, "log level changed via admin API");
             json(StatusCode::OK, &serde_json::json!({ "log_level": level }))
@@ -494,75 +511,106 @@ GET  /debug/upstreams\n\
 GET  /debug/config\n\
 POST /debug/log-level?level=debug\n";
 
-fn route(relay: &Relay, req: &Request<Incoming>) -> Response<Full<Bytes>> {
-    let path = req.uri().path();
-    let read = req.method() == Method::GET || req.method() == Method::HEAD;
-    // State-changing endpoints are POST-only; everything else is read-only.
-    if path == "/debug/log-level" {
-        return if req.method() == Method::POST {
-            set_log_level(&query(req))
-        } else {
-            method_not_allowed("POST")
-        };
-    }
-    let known = matches!(
-        path,
-        "/" | "/healthz"
-            | "/readyz"
-            | "/metrics"
-            | "/debug/cache"
-            | "/debug/clients"
-            | "/debug/upstreams"
-            | "/debug/config"
-    );
-    if known && !read {
-        return method_not_allowed("GET, HEAD");
-    }
-    match path {
-        "/" => respond(StatusCode::OK, "text/plain", INDEX),
-        "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
-        "/readyz" => {
-            let r = readiness(relay);
-            let code = if r.ready {
-                StatusCode::OK
-            } else {
-                StatusCode::SERVICE_UNAVAILABLE
-            };
-            json(code, &r)
-        }
-        "/metrics" => respond(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            relay.render_metrics(),
-        ),
-        "/debug/cache" => json(StatusCode::OK, &debug_cache(relay, &query(req))),
-        "/debug/clients" => json(StatusCode::OK, &debug_clients(relay, &query(req))),
-        "/debug/upstreams" => json(StatusCode::OK, &debug_upstreams(relay)),
-        "/debug/config" => json(StatusCode::OK, &debug_config(relay)),
-        _ => respond(
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            format!("not found\n\n{INDEX}"),
-        ),
-    }
+const READ_ONLY: &str = "GET, HEAD";
+
+/// A read-only endpoint: GET (and HEAD, which axum answers without the body); other methods 405.
+fn read_only<H, T>(handler: H) -> MethodRouter<Arc<Relay>>
+where
+    H: Handler<T, Arc<Relay>>,
+    T: 'static,
+{
+    get(handler).fallback(|| async { method_not_allowed(READ_ONLY) })
+}
+
+fn router(relay: Arc<Relay>) -> Router {
+    Router::new()
+        .route(
+            "/",
+            read_only(|| async { respond(StatusCode::OK, "text/plain", INDEX) }),
+        )
+        .route(
+            "/healthz",
+            read_only(|| async { respond(StatusCode::OK, "text/plain", "ok\n") }),
+        )
+        .route(
+            "/readyz",
+            read_only(|State(relay): State<Arc<Relay>>| async move {
+                let r = readiness(&relay);
+                let code = if r.ready {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                json(code, &r)
+            }),
+        )
+        .route(
+            "/metrics",
+            read_only(|State(relay): State<Arc<Relay>>| async move {
+                respond(
+                    StatusCode::OK,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    relay.render_metrics(),
+                )
+            }),
+        )
+        .route(
+            "/debug/cache",
+            read_only(
+                |State(relay): State<Arc<Relay>>, Query(q): Query<CacheQuery>| async move {
+                    json(StatusCode::OK, &debug_cache(&relay, &q))
+                },
+            ),
+        )
+        .route(
+            "/debug/clients",
+            read_only(
+                |State(relay): State<Arc<Relay>>, Query(q): Query<ClientsQuery>| async move {
+                    json(StatusCode::OK, &debug_clients(&relay, &q))
+                },
+            ),
+        )
+        .route(
+            "/debug/upstreams",
+            read_only(|State(relay): State<Arc<Relay>>| async move {
+                json(StatusCode::OK, &debug_upstreams(&relay))
+            }),
+        )
+        .route(
+            "/debug/config",
+            read_only(|State(relay): State<Arc<Relay>>| async move {
+                json(StatusCode::OK, &debug_config(&relay))
+            }),
+        )
+        // State-changing endpoints are POST-only.
+        .route(
+            "/debug/log-level",
+            post(set_log_level).fallback(|| async { method_not_allowed("POST") }),
+        )
+        .fallback(|| async {
+            respond(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                format!("not found\n\n{INDEX}"),
+            )
+        })
+        .with_state(relay)
 }
 
 /// Serves the admin API on `listener` until `shutdown` completes.
 pub async fn serve(relay: Arc<Relay>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
+    let metrics = relay.metrics.clone();
+    let router = router(relay);
     // Accept errors (out of descriptors) pause this listener; they never spin it.
     let mut acceptor = crate::accept::Acceptor::new(listener, crate::accept::Listener::Admin);
     loop {
         let stream = tokio::select! {
-            stream = acceptor.accept(&*relay.metrics) => stream,
+            stream = acceptor.accept(&*metrics) => stream,
             () = &mut shutdown => return,
         };
-        let relay = relay.clone();
+        let svc = TowerToHyperService::new(router.clone());
         tokio::spawn(async move {
-            let svc = service_fn(move |req| {
-                let resp = route(&relay, &req);
-                async move { Ok::<_, Infallible>(resp) }
-            });
             if let Err(e) = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc)
                 .await

@@ -1,5 +1,6 @@
-//! Generated protobuf types: the wire contract in proto/ (module tree mirrors the proto packages so
-//! cross-package references resolve), plus the relay's own ADS service over shadow messages.
+//! Generated protobuf types: the wire contract and the snapshot file body in proto/ (module tree
+//! mirrors the proto packages so cross-package references resolve), plus the relay's own ADS
+//! service over shadow messages.
 #![allow(clippy::all, missing_docs)]
 
 pub mod google {
@@ -45,6 +46,9 @@ pub mod envoy {
 pub mod adsrelay {
     pub mod wire {
         include!(concat!(env!("OUT_DIR"), "/adsrelay.wire.rs"));
+    }
+    pub mod snapshot {
+        include!(concat!(env!("OUT_DIR"), "/adsrelay.snapshot.rs"));
     }
 }
 

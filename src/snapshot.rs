@@ -5,16 +5,16 @@
 //! its upstream stream then reports the restored versions in `initial_resource_versions` (C4), so
 //! an unchanged upstream resends nothing.
 //!
-//! File layout (integers little-endian; strings and byte strings are a `u32` length + bytes):
+//! File layout (integers little-endian):
 //!
 //! ```text
 //! magic "ADSRSNAP" | format version u32 | identity fingerprint [32] | written_at unix ms u64
 //! | body | SHA-256 of everything before it [32]
-//! body: groups u32, per group: name | upstream node (encoded core.v3.Node) | as_of unix ms u64
-//!       | types u32, per type: type_url | wildcard_synced u8
-//!         | locators u32, per locator: name | params u32, per param: key | value
-//!         | resources u32, per resource: encoded Resource | TTL deadline unix ms u64 (0: none)
 //! ```
+//!
+//! The body is an `adsrelay.snapshot.Body` protobuf message (proto/adsrelay/snapshot.proto):
+//! per group its name, upstream node and as-of time, per type the held locators and the cached
+//! resources as the upstream encoded them, each with its wall-clock TTL deadline.
 //!
 //! A snapshot that fails any check (magic, version, checksum, identity, age) is rejected as a
 //! whole with one warn line and the relay starts cold: none of it is served.
@@ -34,13 +34,15 @@ use tracing::{debug, info, warn};
 use crate::config::{Config, SnapshotConfig};
 use crate::group::Group;
 use crate::grouping::same_identity;
+use crate::pb::adsrelay::snapshot as file;
 use crate::pb::core::Node;
 use crate::sync::lock;
 use crate::xds::store::{ExportedResource, ExportedType};
 use crate::xds::{CachedResource, GroupState, Locator, WILDCARD};
 
 pub const MAGIC: &[u8; 8] = b"ADSRSNAP";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: the body is a protobuf message (proto/adsrelay/snapshot.proto); 1 had a hand-rolled one.
+pub const FORMAT_VERSION: u32 = 2;
 const HEADER_LEN: usize = 8 + 4 + 32 + 8;
 const CHECKSUM_LEN: usize = 32;
 
@@ -265,111 +267,64 @@ fn from_unix_millis(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-struct Writer(Vec<u8>);
-
-impl Writer {
-    fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    fn u32(&mut self, v: usize) {
-        // Counts and lengths are bounded by memory and far below 4 GiB per item in practice; a
-        // larger one would be a bug upstream of here, so saturate rather than wrap.
-        self.0
-            .extend_from_slice(&u32::try_from(v).unwrap_or(u32::MAX).to_le_bytes());
-    }
-    fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn bytes(&mut self, b: &[u8]) {
-        self.u32(b.len());
-        self.0.extend_from_slice(b);
-    }
-}
-
 /// Serializes a snapshot, ready to be written.
 pub fn encode(snapshot: &Snapshot, fingerprint: &[u8; 32], clock: Clock) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(4096));
-    w.0.extend_from_slice(MAGIC);
-    w.0.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    w.0.extend_from_slice(fingerprint);
-    w.u64(unix_millis(snapshot.written_at));
-    w.u32(snapshot.groups.len());
-    for (name, g) in &snapshot.groups {
-        w.bytes(name.as_bytes());
-        w.bytes(&g.upstream_node.encode_to_vec());
-        w.u64(unix_millis(g.as_of));
-        w.u32(g.types.len());
-        for t in &g.types {
-            w.bytes(t.store.type_url.as_bytes());
-            w.u8(u8::from(t.store.wildcard_synced));
-            w.u32(t.locators.len());
-            for l in &t.locators {
-                w.bytes(l.name.as_bytes());
-                w.u32(l.params.len());
-                for (k, v) in l.params.iter() {
-                    w.bytes(k.as_bytes());
-                    w.bytes(v.as_bytes());
-                }
-            }
-            w.u32(t.store.resources.len());
-            for r in &t.store.resources {
-                w.bytes(&r.resource.encoded);
-                w.u64(
-                    r.expires
-                        .map_or(0, |at| unix_millis(clock.to_wall(at)).max(1)),
-                );
-            }
-        }
-    }
-    let sum = Sha256::digest(&w.0);
-    w.0.extend_from_slice(&sum);
-    w.0
+    let body = file::Body {
+        groups: snapshot
+            .groups
+            .iter()
+            .map(|(name, g)| file::Group {
+                name: name.clone(),
+                upstream_node: Some(g.upstream_node.clone()),
+                as_of_unix_ms: unix_millis(g.as_of),
+                types: g
+                    .types
+                    .iter()
+                    .map(|t| file::Type {
+                        type_url: t.store.type_url.clone(),
+                        wildcard_synced: t.store.wildcard_synced,
+                        locators: t
+                            .locators
+                            .iter()
+                            .map(|l| file::Locator {
+                                name: l.name.to_string(),
+                                params: (*l.params).clone(),
+                            })
+                            .collect(),
+                        resources: t
+                            .store
+                            .resources
+                            .iter()
+                            .map(|r| file::Resource {
+                                encoded: r.resource.encoded.clone(),
+                                // 0 means "no TTL", so a deadline at the epoch is kept as 1 ms.
+                                ttl_deadline_unix_ms: r
+                                    .expires
+                                    .map_or(0, |at| unix_millis(clock.to_wall(at)).max(1)),
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    };
+    let mut out = Vec::with_capacity(HEADER_LEN + body.encoded_len() + CHECKSUM_LEN);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(fingerprint);
+    out.extend_from_slice(&unix_millis(snapshot.written_at).to_le_bytes());
+    body.encode(&mut out).expect("a Vec grows to fit the body");
+    let sum = Sha256::digest(&out);
+    out.extend_from_slice(&sum);
+    out
 }
 
-struct Reader<'a> {
-    buf: &'a [u8],
+fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], Rejection> {
-        if self.buf.len() < n {
-            return Err(Rejection::Malformed(format!("truncated in {what}")));
-        }
-        let (head, rest) = self.buf.split_at(n);
-        self.buf = rest;
-        Ok(head)
-    }
-    fn u8(&mut self, what: &str) -> Result<u8, Rejection> {
-        Ok(self.take(1, what)?[0])
-    }
-    fn u32(&mut self, what: &str) -> Result<usize, Rejection> {
-        let b = self.take(4, what)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-    }
-    fn u64(&mut self, what: &str) -> Result<u64, Rejection> {
-        let b = self.take(8, what)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
-    }
-    fn bytes(&mut self, what: &str) -> Result<&'a [u8], Rejection> {
-        let n = self.u32(what)?;
-        self.take(n, what)
-    }
-    fn string(&mut self, what: &str) -> Result<String, Rejection> {
-        String::from_utf8(self.bytes(what)?.to_vec())
-            .map_err(|_| Rejection::Malformed(format!("{what} is not UTF-8")))
-    }
-    /// A count, checked against what is left so a bad count cannot make us allocate wildly.
-    fn count(&mut self, what: &str, min_item: usize) -> Result<usize, Rejection> {
-        let n = self.u32(what)?;
-        if n.saturating_mul(min_item) > self.buf.len() {
-            return Err(Rejection::Malformed(format!(
-                "{what} count {n} exceeds the file"
-            )));
-        }
-        Ok(n)
-    }
+fn le_u64(b: &[u8]) -> u64 {
+    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }
 
 /// Parses and validates a snapshot: magic, format version, checksum, identity, age, then every
@@ -386,10 +341,8 @@ pub fn decode(
     if data.len() < HEADER_LEN + CHECKSUM_LEN {
         return Err(Rejection::Malformed("truncated header".into()));
     }
-    let mut r = Reader {
-        buf: &data[MAGIC.len()..],
-    };
-    let version = r.u32("version")? as u32;
+    // Checked before anything else is trusted: version 1's body was not protobuf.
+    let version = le_u32(&data[MAGIC.len()..]);
     if version != FORMAT_VERSION {
         return Err(Rejection::UnsupportedVersion(version));
     }
@@ -397,13 +350,11 @@ pub fn decode(
     if Sha256::digest(content).as_slice() != sum {
         return Err(Rejection::ChecksumMismatch);
     }
-    let mut r = Reader {
-        buf: &content[MAGIC.len() + 4..],
-    };
-    if r.take(32, "fingerprint")? != fingerprint {
+    let (header, body) = content.split_at(HEADER_LEN);
+    if &header[MAGIC.len() + 4..MAGIC.len() + 4 + 32] != fingerprint {
         return Err(Rejection::Foreign);
     }
-    let written_at = from_unix_millis(r.u64("written_at")?);
+    let written_at = from_unix_millis(le_u64(&header[HEADER_LEN - 8..]));
     // A snapshot from the future (clock step) counts as fresh.
     let age = clock.wall.duration_since(written_at).unwrap_or_default();
     if age > max_staleness {
@@ -412,32 +363,26 @@ pub fn decode(
             max_secs: max_staleness.as_secs(),
         });
     }
+    // One copy of the body; every restored resource is a slice of it.
+    let body = file::Body::decode(Bytes::copy_from_slice(body))
+        .map_err(|e| Rejection::Malformed(format!("body: {e}")))?;
     let mut groups = BTreeMap::new();
-    for _ in 0..r.count("groups", 4)? {
-        let name = r.string("group name")?;
-        let upstream_node = Node::decode(r.bytes("upstream node")?)
-            .map_err(|e| Rejection::Malformed(format!("group {name:?} upstream node: {e}")))?;
-        let as_of = from_unix_millis(r.u64("as_of")?);
+    for g in body.groups {
+        let name = g.name;
+        let upstream_node = g
+            .upstream_node
+            .ok_or_else(|| Rejection::Malformed(format!("group {name:?} has no upstream node")))?;
         let mut types = Vec::new();
-        for _ in 0..r.count("types", 4)? {
-            let type_url = r.string("type_url")?;
-            let wildcard_synced = r.u8("wildcard_synced")? != 0;
-            let mut locators = Vec::new();
-            for _ in 0..r.count("locators", 8)? {
-                let lname = r.string("locator name")?;
-                let mut params = crate::xds::constraints::Params::new();
-                for _ in 0..r.count("locator params", 8)? {
-                    let k = r.string("param key")?;
-                    let v = r.string("param value")?;
-                    params.insert(k, v);
-                }
-                locators.push(Locator::with_params(lname, Arc::new(params)));
-            }
+        for t in g.types {
+            let type_url = t.type_url;
+            let locators = t
+                .locators
+                .into_iter()
+                .map(|l| Locator::with_params(l.name, Arc::new(l.params)))
+                .collect();
             let mut resources = Vec::new();
-            for _ in 0..r.count("resources", 12)? {
-                let encoded = Bytes::copy_from_slice(r.bytes("resource")?);
-                let deadline = r.u64("ttl deadline")?;
-                let resource = CachedResource::decode(encoded).map_err(|e| {
+            for r in t.resources {
+                let resource = CachedResource::decode(r.encoded).map_err(|e| {
                     Rejection::Malformed(format!("group {name:?} type {type_url:?}: {e}"))
                 })?;
                 if resource.body_type_url != type_url {
@@ -446,14 +391,13 @@ pub fn decode(
                         resource.name, resource.body_type_url
                     )));
                 }
-                let expires = if deadline == 0 {
-                    None
-                } else {
-                    match clock.to_instant(from_unix_millis(deadline)) {
+                let expires = match r.ttl_deadline_unix_ms {
+                    0 => None,
+                    deadline => match clock.to_instant(from_unix_millis(deadline)) {
                         Some(at) => Some(at),
                         // D6: its TTL ran out while the relay was down.
                         None => continue,
-                    }
+                    },
                 };
                 if resource.do_not_cache {
                     continue;
@@ -464,7 +408,7 @@ pub fn decode(
                 locators,
                 store: ExportedType {
                     type_url,
-                    wildcard_synced,
+                    wildcard_synced: t.wildcard_synced,
                     resources,
                 },
             });
@@ -473,16 +417,10 @@ pub fn decode(
             name,
             GroupSeed {
                 upstream_node,
-                as_of,
+                as_of: from_unix_millis(g.as_of_unix_ms),
                 types,
             },
         );
-    }
-    if !r.buf.is_empty() {
-        return Err(Rejection::Malformed(format!(
-            "{} trailing bytes",
-            r.buf.len()
-        )));
     }
     Ok(Snapshot { written_at, groups })
 }
@@ -886,7 +824,10 @@ mod tests {
         assert_eq!(reason(b"{\"json\": true}", &FP, clock), "not_a_snapshot");
         assert_eq!(reason(&data, &[8; 32], clock), "foreign");
         let mut v2 = data.clone();
-        v2[8] = 2;
+        v2[8] = u8::try_from(FORMAT_VERSION + 1).unwrap();
+        assert_eq!(reason(&v2, &FP, clock), "unsupported_version");
+        // A file of the previous format (hand-rolled body).
+        v2[8] = 1;
         assert_eq!(reason(&v2, &FP, clock), "unsupported_version");
         let later = Clock {
             instant: clock.instant,

@@ -270,6 +270,27 @@ async fn corrupt_snapshot_is_rejected() {
 }
 
 #[tokio::test]
+async fn snapshot_of_an_older_format_is_rejected() {
+    let dir = snapshot_dir("old-format");
+    let path = dir.join("cache.snap");
+    let mut up = Upstream::start(initial()).await;
+    let addr = up.addr;
+    prime(&path, addr, &["e1"]).await;
+    up.stop();
+    drop(up);
+    let port = hold_port(addr).await;
+    // Version 1 (hand-rolled body) under a valid checksum: refused on the version alone.
+    let mut data = std::fs::read(&path).unwrap();
+    data.truncate(data.len() - 32);
+    data[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let sum = <sha2::Sha256 as sha2::Digest>::digest(&data);
+    data.extend_from_slice(&sum);
+    std::fs::write(&path, data).unwrap();
+    assert_rejected_then_cold(&path, port, |_| {}, "unsupported_version").await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
 async fn foreign_snapshot_is_rejected() {
     let dir = snapshot_dir("foreign");
     let path = dir.join("cache.snap");
