@@ -437,9 +437,17 @@ impl DeltaStream {
                 continue;
             }
             let params = ts.explicit.entry(l.name.clone()).or_default();
-            if params.insert(l.params.clone(), by_name).is_none() {
-                effects.acquire.push(l.clone());
-                ts.stamps.added(l.clone());
+            match params.insert(l.params.clone(), by_name) {
+                None => {
+                    effects.acquire.push(l.clone());
+                    ts.stamps.added(l.clone());
+                }
+                // E9/E10: now asked for in the other form (plain name <-> locator), which the
+                // client tells apart: what it holds in the old form is not this subscription's.
+                Some(was) if was != by_name => {
+                    ts.unhold(&l);
+                }
+                Some(_) => {}
             }
             ts.pending.insert(l.name.clone());
             // A7: resend even if the client has it — except on the first request of a stream,
