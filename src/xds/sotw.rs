@@ -395,8 +395,19 @@ impl SotwStream {
         // the name and variant for locator subscribers. When two subscriptions select different
         // resources under one identity, the first in order holds it, in every response alike
         // (else they would displace each other forever); the other waits for the conflict to end.
+        // Only a name subscribed more than once can collide; every other name skips the
+        // bookkeeping (this runs per client per change).
+        let contested: BTreeSet<&Name> = scope
+            .keys()
+            .zip(scope.keys().skip(1))
+            .filter(|(a, b)| a.name == b.name)
+            .map(|(a, _)| &a.name)
+            .collect();
         let mut claimed: BTreeMap<(Name, ConstraintKey), Held> = BTreeMap::new();
         let mut claim = |r: &super::CachedResource, by_name: bool| -> bool {
+            if !contested.contains(&r.name) {
+                return true;
+            }
             let held = (r.key.clone(), r.version.clone());
             match claimed.entry(wire_identity(r, by_name)) {
                 std::collections::btree_map::Entry::Occupied(e) => *e.get() == held,
@@ -408,7 +419,7 @@ impl SotwStream {
         };
         let mut emitted = BTreeSet::new();
         let mut emit = |out: &mut Vec<Bytes>, r: &super::CachedResource, by_name: bool| {
-            if emitted.insert(wire_identity(r, by_name)) {
+            if !contested.contains(&r.name) || emitted.insert(wire_identity(r, by_name)) {
                 // Locator subscribers can take wrappers ([PROTO] resource_locators) and need the
                 // constraints (E9).
                 out.push(r.sotw_bytes(wrap || !by_name, by_name).clone());
