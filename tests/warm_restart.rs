@@ -85,6 +85,19 @@ async fn prime(path: &Path, upstream: SocketAddr, eds: &[&str]) {
     eventually("snapshot written at graceful shutdown", || path.exists()).await;
 }
 
+/// A snapshot written by a relay whose upstream (holding `initial()`, EDS `e1` subscribed) is
+/// gone since: the snapshot's folder and file, and the address the upstream had.
+async fn primed_then_upstream_gone(test: &str) -> (PathBuf, PathBuf, SocketAddr) {
+    let dir = snapshot_dir(test);
+    let path = dir.join("cache.snap");
+    let mut up = Upstream::start(initial()).await;
+    let addr = up.addr;
+    prime(&path, addr, &["e1"]).await;
+    up.stop();
+    drop(up);
+    (dir, path, addr)
+}
+
 async fn metric(relay: &RelayUnderTest, line_start: &str) -> Option<f64> {
     let (_, body) = relay.admin_get("/metrics").await;
     body.lines()
@@ -107,13 +120,7 @@ async fn metric_reaches(relay: &RelayUnderTest, name: &str, min: f64) {
 
 #[tokio::test]
 async fn restarted_relay_serves_the_snapshot_without_upstream() {
-    let dir = snapshot_dir("serve");
-    let path = dir.join("cache.snap");
-    let mut up = Upstream::start(initial()).await;
-    let addr = up.addr;
-    prime(&path, addr, &["e1"]).await;
-    up.stop();
-    drop(up);
+    let (dir, path, addr) = primed_then_upstream_gone("serve").await;
 
     let relay = RelayUnderTest::start_with(addr, with_snapshot(&path)).await;
     // Ready before any client, though the upstream is unreachable: the snapshot will be served.
@@ -147,13 +154,7 @@ async fn restarted_relay_serves_the_snapshot_without_upstream() {
 
 #[tokio::test]
 async fn upstream_return_delivers_only_the_difference() {
-    let dir = snapshot_dir("diff");
-    let path = dir.join("cache.snap");
-    let mut up = Upstream::start(initial()).await;
-    let addr = up.addr;
-    prime(&path, addr, &["e1"]).await;
-    up.stop();
-    drop(up);
+    let (dir, path, addr) = primed_then_upstream_gone("diff").await;
 
     let relay = RelayUnderTest::start_with(addr, with_snapshot(&path)).await;
     let (mut c, _, _) = envoy_like(&relay, "after-restart", &["e1"]).await;
@@ -183,13 +184,7 @@ async fn upstream_return_delivers_only_the_difference() {
 
 #[tokio::test]
 async fn snapshot_never_proves_a_name_gone_only_the_upstream_does() {
-    let dir = snapshot_dir("absence");
-    let path = dir.join("cache.snap");
-    let mut up = Upstream::start(initial()).await;
-    let addr = up.addr;
-    prime(&path, addr, &["e1"]).await;
-    up.stop();
-    drop(up);
+    let (dir, path, addr) = primed_then_upstream_gone("absence").await;
 
     let relay = RelayUnderTest::start_with(addr, with_snapshot(&path)).await;
     // An Envoy that also holds `z` (say, from another replica with newer config) reconnects.
@@ -253,13 +248,7 @@ async fn assert_rejected_then_cold(
 
 #[tokio::test]
 async fn corrupt_snapshot_is_rejected() {
-    let dir = snapshot_dir("corrupt");
-    let path = dir.join("cache.snap");
-    let mut up = Upstream::start(initial()).await;
-    let addr = up.addr;
-    prime(&path, addr, &["e1"]).await;
-    up.stop();
-    drop(up);
+    let (dir, path, addr) = primed_then_upstream_gone("corrupt").await;
     let port = hold_port(addr).await;
     let mut data = std::fs::read(&path).unwrap();
     let mid = data.len() / 2;
@@ -271,13 +260,7 @@ async fn corrupt_snapshot_is_rejected() {
 
 #[tokio::test]
 async fn snapshot_of_an_older_format_is_rejected() {
-    let dir = snapshot_dir("old-format");
-    let path = dir.join("cache.snap");
-    let mut up = Upstream::start(initial()).await;
-    let addr = up.addr;
-    prime(&path, addr, &["e1"]).await;
-    up.stop();
-    drop(up);
+    let (dir, path, addr) = primed_then_upstream_gone("old-format").await;
     let port = hold_port(addr).await;
     // Version 1 (hand-rolled body) under a valid checksum: refused on the version alone.
     let mut data = std::fs::read(&path).unwrap();
@@ -304,13 +287,7 @@ async fn foreign_snapshot_is_rejected() {
 
 #[tokio::test]
 async fn snapshot_older_than_max_staleness_is_rejected() {
-    let dir = snapshot_dir("old");
-    let path = dir.join("cache.snap");
-    let mut up = Upstream::start(initial()).await;
-    let addr = up.addr;
-    prime(&path, addr, &["e1"]).await;
-    up.stop();
-    drop(up);
+    let (dir, path, addr) = primed_then_upstream_gone("old").await;
     let port = hold_port(addr).await;
     // Re-sign the same content as written two hours ago.
     let config = Config::with_upstream(format!("http://{addr}").parse().unwrap());
