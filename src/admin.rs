@@ -84,7 +84,7 @@ fn readiness(relay: &Relay) -> Readiness {
         .iter()
         .map(|g| {
             let upstream = lock(&g.status).clone();
-            let subscriptions = lock(&g.state).interest.upstream_subscription_count();
+            let subscriptions = lock(&g.state).interest().upstream_subscription_count();
             let state = if !upstream.synced_once && g.seeded_as_of.is_some() {
                 "serving_snapshot"
             } else if !upstream.synced_once {
@@ -278,7 +278,7 @@ fn debug_cache(relay: &Relay, q: &CacheQuery) -> CacheDump {
         }
         let state = lock(&g.state);
         let mut type_urls: Vec<&str> = state
-            .store
+            .store()
             .type_urls()
             .filter(|t| q.type_url.as_deref().is_none_or(|want| want == *t))
             .collect();
@@ -287,7 +287,7 @@ fn debug_cache(relay: &Relay, q: &CacheQuery) -> CacheDump {
         for t in type_urls {
             let (mut resources, mut bytes) = (0, 0);
             let mut entries = Vec::new();
-            for r in state.store.resources(t) {
+            for r in state.store().resources(t) {
                 resources += 1;
                 bytes += r.encoded.len();
                 if !r.name.starts_with(prefix) {
@@ -309,7 +309,7 @@ fn debug_cache(relay: &Relay, q: &CacheQuery) -> CacheDump {
                 type_url: t.to_string(),
                 resources,
                 bytes,
-                wildcard_synced: state.store.wildcard_synced(t),
+                wildcard_synced: state.store().wildcard_synced(t),
                 entries,
             });
         }
@@ -434,7 +434,7 @@ fn debug_upstreams(relay: &Relay) -> Vec<UpstreamInfo> {
             group: g.name.clone(),
             clients: g.stream_count(),
             subscriptions: lock(&g.state)
-                .interest
+                .interest()
                 .upstream_subscriptions_by_type()
                 .into_iter()
                 .map(|(type_url, names, wildcard)| UpstreamSubscription {

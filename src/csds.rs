@@ -156,7 +156,7 @@ fn client_config(relay: &Relay, client: &ClientEntry, contents: bool) -> ClientC
                     .resources
                     .iter()
                     .map(
-                        |(name, version)| match state.store.lookup(&ts.type_url, name) {
+                        |(name, version)| match state.store().lookup(&ts.type_url, name) {
                             Lookup::Present(r) if contents && &r.version == version => {
                                 prost_types::Any::decode(r.any.clone()).ok()
                             }
@@ -167,7 +167,7 @@ fn client_config(relay: &Relay, client: &ClientEntry, contents: bool) -> ClientC
                 let absent = ts
                     .waiting
                     .iter()
-                    .map(|n| matches!(state.store.lookup(&ts.type_url, n), Lookup::Absent))
+                    .map(|n| matches!(state.store().lookup(&ts.type_url, n), Lookup::Absent))
                     .collect();
                 (bodies, absent)
             }

@@ -20,7 +20,7 @@ use crate::pb::core::Node;
 use crate::sync::lock;
 use crate::token_bucket::TokenBucket;
 use crate::xds::constraints::Params;
-use crate::xds::{GroupState, Locator, Lookup, RequestEffects, Store, StreamId, WILDCARD};
+use crate::xds::{GroupState, Locator, RequestEffects, Store, StreamId};
 
 #[derive(Debug)]
 pub struct Relay {
@@ -237,32 +237,11 @@ impl StreamHost for Relay {
     }
 
     fn on_effects(&self, group: &Arc<Group>, id: StreamId, effects: &RequestEffects) -> u64 {
-        let mut state = lock(&group.state);
-        // Cache hit: a new subscription the cache can answer now (present or known absent, or a
-        // synced wildcard); miss: it waits for the upstream.
-        let (mut hits, mut misses) = (0, 0);
-        for l in &effects.acquire {
-            let hit = if &*l.name == WILDCARD {
-                state.store.wildcard_synced(&effects.type_url)
-            } else {
-                !matches!(
-                    state
-                        .store
-                        .lookup_for(&effects.type_url, &l.name, &l.params),
-                    Lookup::Unknown
-                )
-            };
-            if hit {
-                hits += 1;
-            } else {
-                misses += 1;
-            }
-        }
-        let seq = state.apply_effects(id, effects, Instant::now());
-        drop(state);
-        self.metrics.cache_lookups(&effects.type_url, hits, misses);
+        let applied = lock(&group.state).apply_effects(id, effects, Instant::now());
+        self.metrics
+            .cache_lookups(&effects.type_url, applied.cache_hits, applied.cache_misses);
         group.upstream_wake.notify_one();
-        seq
+        applied.seq
     }
 
     fn refetch(&self, group: &Arc<Group>, locators: Vec<(String, Locator)>) {
@@ -276,7 +255,7 @@ impl StreamHost for Relay {
     }
 
     fn with_store<R>(&self, group: &Arc<Group>, f: impl FnOnce(&Store) -> R) -> R {
-        f(&lock(&group.state).store)
+        f(lock(&group.state).store())
     }
 
     fn close(&self, group: Arc<Group>, id: StreamId, held: Vec<(String, Locator)>) {

@@ -176,9 +176,9 @@ pub fn export_group(
     now: Instant,
 ) -> GroupSeed {
     let mut locators: BTreeMap<String, Vec<Locator>> =
-        state.interest.held_locators().into_iter().collect();
+        state.interest().held_locators().into_iter().collect();
     let mut types = Vec::new();
-    for mut store in state.store.export(now) {
+    for mut store in state.store().export(now) {
         let held = locators.remove(&store.type_url).unwrap_or_default();
         let wildcard = held.iter().any(|l| &*l.name == WILDCARD);
         let wanted: HashSet<&str> = held.iter().map(|l| &*l.name).collect();
@@ -222,20 +222,10 @@ pub fn restore_group(
     now: Instant,
     hold: Duration,
 ) -> usize {
-    let mut restored = 0;
-    for t in seed.types {
-        for l in &t.locators {
-            state.interest.restore(&t.store.type_url, l, now + hold);
-        }
-        let type_url = t.store.type_url.clone();
-        restored += state.store.import(vec![t.store], now);
-        // Restored locators linger: they join the unsubscribed set, under its byte budget.
-        state.settle_restored(
-            &type_url,
-            t.locators.iter().map(|l| l.name.clone()).collect(),
-        );
-    }
-    restored
+    seed.types
+        .into_iter()
+        .map(|t| state.restore_type(&t.locators, t.store, now + hold, now))
+        .sum()
 }
 
 /// SHA-256 over what makes snapshots interchangeable: the control-plane addresses (in any order:
@@ -663,7 +653,7 @@ pub async fn write_on_shutdown(relay: &impl Host) {
 mod tests {
     use super::*;
     use crate::pb::discovery::Resource;
-    use crate::xds::UpstreamUpdate;
+    use crate::xds::{RequestEffects, UpstreamSession, UpstreamUpdate};
 
     const T: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
     const E: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
@@ -695,10 +685,13 @@ mod tests {
     /// no longer wanted.
     fn group(now: Instant) -> GroupState {
         let mut s = GroupState::new(Duration::from_secs(30));
-        s.interest.acquire(T, &Locator::plain(WILDCARD));
-        s.interest.acquire(E, &Locator::plain("e1"));
-        s.interest.take_changes();
-        s.interest.resubscribe_all();
+        for (t, name) in [(T, WILDCARD), (E, "e1")] {
+            let mut effects = RequestEffects::new(t);
+            effects.acquire.push(Locator::plain(name));
+            s.apply_effects(1, &effects, now);
+        }
+        // The subscriptions went upstream on a stream, so the wildcard response completes the sync.
+        UpstreamSession::new(node()).initial_requests(&mut s, false);
         s.apply_upstream(
             T,
             UpstreamUpdate {
@@ -748,22 +741,22 @@ mod tests {
         let restored = restore_group(seed, &mut fresh, clock.instant, RECLAIM_MIN);
         assert_eq!(restored, 3);
         assert!(
-            fresh.store.wildcard_synced(T),
+            fresh.store().wildcard_synced(T),
             "wildcard subscribers are answered at once"
         );
-        assert!(fresh.interest.is_wildcard(T) && fresh.interest.wants(E, "e1"));
+        assert!(fresh.interest().is_wildcard(T) && fresh.interest().wants(E, "e1"));
         // The first upstream stream resubscribes everything with the restored versions (C4).
         assert_eq!(
             fresh
-                .store
+                .store()
                 .initial_versions(E, |_| true)
                 .get("e1")
                 .map(String::as_str),
             Some("7")
         );
-        assert_eq!(fresh.store.initial_versions(T, |_| true).len(), 2);
+        assert_eq!(fresh.store().initial_versions(T, |_| true).len(), 2);
         // The TTL deadline survives the trip (to the millisecond).
-        let left = fresh.store.next_expiry().unwrap() - clock.instant;
+        let left = fresh.store().next_expiry().unwrap() - clock.instant;
         assert!(
             left > Duration::from_secs(59) && left <= Duration::from_secs(60),
             "{left:?}"
@@ -775,7 +768,9 @@ mod tests {
         let now = Instant::now();
         let mut g = group(now);
         // The last subscriber of e1 left and the linger ended: e1 is no longer wanted.
-        g.interest.release(E, &Locator::plain("e1"), now);
+        let mut effects = RequestEffects::new(E);
+        effects.release.push(Locator::plain("e1"));
+        g.apply_effects(1, &effects, now);
         g.expire(now + Duration::from_secs(31));
         let seed = export_group(
             &g,

@@ -102,7 +102,7 @@ impl World {
     fn request(&mut self, id: StreamId, r: DeltaDiscoveryRequest) {
         let s = self.streams.entry(id).or_default();
         let effects = s.on_request(&r).expect("request accepted");
-        let seq = self.group.apply_effects(id, &effects, self.now);
+        let seq = self.group.apply_effects(id, &effects, self.now).seq;
         s.subscribed_at(seq);
     }
 
@@ -138,7 +138,7 @@ impl World {
     fn drain(&mut self, id: StreamId) -> Vec<Resp> {
         let s = self.streams.get_mut(&id).expect("stream");
         let mut out = Vec::new();
-        while let Some(r) = s.next_response(&self.group.store) {
+        while let Some(r) = s.next_response(self.group.store()) {
             out.push(decode(r));
             assert!(out.len() < 16, "stream keeps producing responses");
         }
@@ -339,7 +339,7 @@ fn a28_clients_share_one_upstream_subscription_per_collection() {
         w.upstream_changes(),
         vec![(LDS.to_string(), vec![GLOB.to_string()], vec![])]
     );
-    assert_eq!(w.group.interest.upstream_subscription_count(), 1);
+    assert_eq!(w.group.interest().upstream_subscription_count(), 1);
     w.upstream(LDS, vec![res(LDS, FOO_A, "v1")], &[]);
     for id in 1..=5 {
         assert_eq!(w.one(id).names(), set(&[FOO_A]));
@@ -356,7 +356,10 @@ fn a28_clients_share_one_upstream_subscription_per_collection() {
         w.upstream_changes(),
         vec![(LDS.to_string(), vec![], vec![GLOB.to_string()])]
     );
-    assert!(matches!(w.group.store.lookup(LDS, FOO_A), Lookup::Unknown));
+    assert!(matches!(
+        w.group.store().lookup(LDS, FOO_A),
+        Lookup::Unknown
+    ));
 }
 
 #[test]
@@ -656,9 +659,9 @@ fn c04_reconnect_reports_versions_of_collection_members_and_aliased_resources() 
         &[],
     );
     let g = &w.group;
-    let lds = g.store.initial_versions(LDS, |n| g.keeps(LDS, n));
+    let lds = g.store().initial_versions(LDS, |n| g.keeps(LDS, n));
     assert_eq!(lds.get(FOO_A).map(String::as_str), Some("v1"));
-    let vhds = g.store.initial_versions(VHDS, |n| g.keeps(VHDS, n));
+    let vhds = g.store().initial_versions(VHDS, |n| g.keeps(VHDS, n));
     assert_eq!(vhds.get("rc1/vhost_1").map(String::as_str), Some("v1"));
 }
 
@@ -777,7 +780,7 @@ proptest::proptest! {
             if subscribed {
                 let want: BTreeSet<String> = w
                     .group
-                    .store
+                    .store()
                     .collection_members(LDS, GLOB)
                     .map(|n| n.to_string())
                     .collect();

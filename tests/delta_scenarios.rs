@@ -1027,8 +1027,10 @@ fn c04_initial_versions_exclude_unwanted() {
         cache_control: Some(CacheControl { do_not_cache: true }),
         ..resource_msg(EDS, "c", "1")
     };
-    group
-        .store
+    // The group's cache as it was before the unsubscription settled (a standalone store, so `b`
+    // stays cached while no longer wanted).
+    let mut store = Store::new();
+    store
         .apply_delta(
             EDS,
             vec![
@@ -1040,10 +1042,8 @@ fn c04_initial_versions_exclude_unwanted() {
             false,
         )
         .unwrap();
-    let interest = &group.interest;
-    let irv = group
-        .store
-        .initial_versions(EDS, |n| interest.wants(EDS, n));
+    let interest = group.interest();
+    let irv = store.initial_versions(EDS, |n| interest.wants(EDS, n));
     // b: no longer wanted; c: do_not_cache; d: never received.
     assert_eq!(
         irv,
@@ -1051,20 +1051,19 @@ fn c04_initial_versions_exclude_unwanted() {
     );
 
     // A rejected update keeps the last accepted version; a deleted resource is not reported.
-    let bad = group.store.apply_delta(
+    let bad = store.apply_delta(
         EDS,
         vec![res(EDS, "a", "2"), res(EDS, "a", "3")],
         vec![],
         false,
     );
     assert!(bad.is_err());
-    let irv = group.store.initial_versions(EDS, |_| true);
+    let irv = store.initial_versions(EDS, |_| true);
     assert_eq!(irv.get("a").map(String::as_str), Some("1"));
-    group
-        .store
+    store
         .apply_delta(EDS, vec![], vec!["a".into()], false)
         .unwrap();
-    let irv = group.store.initial_versions(EDS, |_| true);
+    let irv = store.initial_versions(EDS, |_| true);
     assert!(!irv.contains_key("a"), "{irv:?}");
 }
 
@@ -1250,7 +1249,7 @@ fn d09_wildcard_sync_not_inferred_from_answer_to_earlier_explicit_subscribe() {
     let mut wild = Client::new();
     let e = wild.send(req(CDS).irv(&[("a", "v1"), ("b", "v1")]));
     group.apply_effects(2, &e, now);
-    wild.none(&group.store);
+    wild.none(group.store());
 
     // The upstream answers the earlier "x" subscribe; "*" is still unsent.
     let changes = group
@@ -1264,9 +1263,9 @@ fn d09_wildcard_sync_not_inferred_from_answer_to_earlier_explicit_subscribe() {
         )
         .unwrap();
     named.notify(&changes);
-    assert_eq!(named.one(&group.store).versions(), map(&[("x", "1")]));
+    assert_eq!(named.one(group.store()).versions(), map(&[("x", "1")]));
     wild.notify(&changes);
-    for r in wild.drain(&group.store) {
+    for r in wild.drain(group.store()) {
         assert!(
             r.removed.is_empty(),
             "D9: removal before the wildcard sync: {r:?}"
@@ -1290,7 +1289,7 @@ fn d09_wildcard_sync_not_inferred_from_answer_to_earlier_explicit_subscribe() {
         .unwrap();
     wild.notify(&changes);
     let removed: BTreeSet<String> = wild
-        .drain(&group.store)
+        .drain(group.store())
         .into_iter()
         .flat_map(|r| r.removed)
         .collect();

@@ -126,12 +126,12 @@ proptest! {
                     group.apply_effects(2, &e, now);
                 }
             }
-            while let Some(r) = delta.next_response(&group.store) {
+            while let Some(r) = delta.next_response(group.store()) {
                 let r = DeltaDiscoveryResponse::decode(r.encode_to_vec().as_slice()).unwrap();
                 check_delta(&r)?;
                 last_nonce = r.nonce.clone();
             }
-            while let Some(r) = sotw.next_response(&group.store) {
+            while let Some(r) = sotw.next_response(group.store()) {
                 prop_assert!(!r.version_info.is_empty());
                 let n: HashSet<&bytes::Bytes> = r.resources.iter().collect();
                 prop_assert_eq!(n.len(), r.resources.len(), "duplicate entries in a SotW response");

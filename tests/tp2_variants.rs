@@ -332,13 +332,13 @@ fn tp3_resource_errors_reach_subscribers_once_and_not_found_is_removal() {
         )
         .unwrap();
     s.on_change(&changes);
-    let out = drain(&mut s, &group.store);
+    let out = drain(&mut s, group.store());
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].removed_resources, vec!["missing".to_string()]);
     assert_eq!(out[0].resource_errors, vec![err("denied", 7)]);
     // Sent once: a later unrelated change does not repeat it.
     s.on_change(&changes);
-    assert!(drain(&mut s, &group.store).is_empty());
+    assert!(drain(&mut s, group.store()).is_empty());
 }
 
 #[test]
@@ -419,7 +419,7 @@ fn d04_sotw_full_state_waits_for_a_fresh_do_not_cache_copy() {
     let node = node("n", GROUP);
     let mut early = SotwStream::for_node(&node, Default::default());
     let e = early.on_request(&req).unwrap();
-    let seq = group.apply_effects(1, &e, now);
+    let seq = group.apply_effects(1, &e, now).seq;
     early.subscribed_at(seq);
     group.take_upstream_changes();
     let update = || UpstreamUpdate {
@@ -429,16 +429,16 @@ fn d04_sotw_full_state_waits_for_a_fresh_do_not_cache_copy() {
     let changes = group.apply_upstream(CDS, update()).unwrap();
     early.on_change(&changes);
     // The subscriber that was waiting gets the full state, L included.
-    let r = early.next_response(&group.store).expect("full state");
+    let r = early.next_response(group.store()).expect("full state");
     assert_eq!(r.resources.len(), 2);
 
     // A later subscriber: L may not come from memory, and the full state must not omit it (D4),
     // so nothing is sent until the upstream sends L again.
     let mut late = SotwStream::for_node(&node, Default::default());
     let e = late.on_request(&req).unwrap();
-    let seq = group.apply_effects(2, &e, now);
+    let seq = group.apply_effects(2, &e, now).seq;
     late.subscribed_at(seq);
-    assert!(late.next_response(&group.store).is_none());
+    assert!(late.next_response(group.store()).is_none());
     let refetch = late.take_refetch();
     assert_eq!(refetch.len(), 1);
     assert_eq!(&*refetch[0].1.name, "L");
@@ -462,7 +462,7 @@ fn d04_sotw_full_state_waits_for_a_fresh_do_not_cache_copy() {
         .unwrap();
     late.on_change(&changes);
     let r = late
-        .next_response(&group.store)
+        .next_response(group.store())
         .expect("full state after the fresh copy");
     assert_eq!(r.resources.len(), 2);
 }
@@ -516,12 +516,12 @@ fn b21_sotw_full_state_carries_resource_errors_beside_the_rest() {
     s.on_change(&changes);
     // Not held back by the errored name (B2 would otherwise wait for it): the full state goes out
     // with the error beside it, once.
-    let r = s.next_response(&group.store).expect("full state");
+    let r = s.next_response(group.store()).expect("full state");
     assert_eq!(r.resources.len(), 1);
     assert_eq!(r.resource_errors, vec![denied]);
     s.on_change(&changes);
     assert!(
-        s.next_response(&group.store).is_none(),
+        s.next_response(group.store()).is_none(),
         "the error is not repeated"
     );
 }
@@ -633,4 +633,120 @@ fn b20_sotw_same_name_subscriptions_sent_alike_hold_the_name_in_turn() {
     let second = s.next_response(&store).expect("the plain-name variant");
     assert_eq!(bodies(&second), vec!["d/prod@1"]);
     assert!(s.next_response(&store).is_none());
+}
+
+#[test]
+fn a20_b20_delta_name_that_changes_hands_is_added_without_being_removed() {
+    use adsrelay::xds::{ChangeSet, DeltaStream, Store};
+    let unconstrained = |version: &str| {
+        let r = Resource {
+            name: "d".into(),
+            version: version.into(),
+            resource: Some(prost_types::Any {
+                type_url: EDS.into(),
+                value: format!("d/any@{version}").into_bytes(),
+            }),
+            ..Default::default()
+        };
+        (
+            EDS.to_string(),
+            CachedResource::decode(r.encode_to_vec().into()).unwrap(),
+        )
+    };
+    // `d` by plain name (default parameters env=prod) and by a locator for env=test: both select
+    // the unconstrained `d`, which the client holds once, by plain name.
+    let before = Store::complete(vec![unconstrained("1")]);
+    let params = std::collections::BTreeMap::from([("env".to_string(), "prod".to_string())]);
+    let mut s = DeltaStream::with_default_params(params);
+    s.on_request(&DeltaDiscoveryRequest {
+        type_url: EDS.into(),
+        resource_names_subscribe: vec!["d".into()],
+        resource_locators_subscribe: vec![locator("d", "test")],
+        ..Default::default()
+    })
+    .unwrap();
+    let first = drain(&mut s, &before);
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].resources.len(), 1, "one entry for the name");
+    s.on_request(&DeltaDiscoveryRequest {
+        type_url: EDS.into(),
+        response_nonce: first[0].nonce.clone(),
+        ..Default::default()
+    })
+    .unwrap();
+
+    // The source replaces it with a prod-only variant: the locator (env=test) matches nothing any
+    // more, while the plain name gets the prod variant, sent by plain name as well.
+    let after = Store::complete(vec![variant("d", "prod", "2")]);
+    s.on_change(&ChangeSet {
+        type_url: EDS.into(),
+        names: vec!["d".into()],
+        ..Default::default()
+    });
+    let second = drain(&mut s, &after);
+    assert_eq!(second.len(), 1);
+    assert_eq!(
+        second[0].resources.iter().map(body).collect::<Vec<_>>(),
+        vec!["d/prod@2".to_string()]
+    );
+    // A20: the client would apply the add and then the removal, and end up without `d`.
+    assert!(
+        second[0].removed_resources.is_empty(),
+        "{:?}",
+        second[0].removed_resources
+    );
+}
+
+#[test]
+fn e09_e10_nack_after_a_form_switch_does_not_bring_back_the_old_form() {
+    use adsrelay::pb::rpc::Status;
+    use adsrelay::xds::{ChangeSet, DeltaStream, Store};
+    let params = std::collections::BTreeMap::from([("env".to_string(), "prod".to_string())]);
+    let mut s = DeltaStream::with_default_params(params);
+    let changed = |name: &str| ChangeSet {
+        type_url: EDS.into(),
+        names: vec![name.into()],
+        ..Default::default()
+    };
+    let ack = |nonce: &str, nack: bool| DeltaDiscoveryRequest {
+        type_url: EDS.into(),
+        response_nonce: nonce.into(),
+        error_detail: nack.then(|| Status {
+            code: 3,
+            message: "rejected".into(),
+            details: vec![],
+        }),
+        ..Default::default()
+    };
+    // A wildcard client whose plain names carry env=prod holds c (and b) by plain name.
+    let store = Store::complete(vec![variant("c", "prod", "1"), variant("b", "prod", "1")]);
+    s.on_request(&ack("", false)).unwrap();
+    let first = drain(&mut s, &store);
+    assert_eq!(first[0].resources.len(), 2);
+    s.on_request(&ack(&first[0].nonce, false)).unwrap();
+    // b changes; the client has not answered yet when it asks for c by locator too (the same
+    // parameters, so the same subscription, now in locator form), then rejects the b update.
+    let store = Store::complete(vec![variant("c", "prod", "1"), variant("b", "prod", "2")]);
+    s.on_change(&changed("b"));
+    let second = drain(&mut s, &store);
+    assert_eq!(second.len(), 1);
+    s.on_request(&DeltaDiscoveryRequest {
+        resource_names_subscribe: vec!["c".into()],
+        resource_locators_subscribe: vec![locator("c", "prod")],
+        ..ack("", false)
+    })
+    .unwrap();
+    s.on_request(&ack(&second[0].nonce, true)).unwrap();
+    // c goes away: the client never held c's variant under its constraints, so it must not be
+    // told that variant is removed (it would ignore it and keep c by plain name).
+    let store = Store::complete(vec![variant("b", "prod", "1")]);
+    s.on_change(&changed("c"));
+    let out = drain(&mut s, &store);
+    let variant_removals: Vec<_> = out.iter().flat_map(|r| &r.removed_resource_names).collect();
+    assert!(variant_removals.is_empty(), "{variant_removals:?}");
+    assert!(
+        out.iter()
+            .any(|r| r.removed_resources.contains(&"c".to_string())),
+        "the client is told c is gone, by the name it holds: {out:?}"
+    );
 }

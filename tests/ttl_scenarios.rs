@@ -44,7 +44,7 @@ fn decode(r: wire::DeltaDiscoveryResponse) -> DeltaDiscoveryResponse {
 }
 
 fn drain(s: &mut DeltaStream, g: &GroupState) -> Vec<DeltaDiscoveryResponse> {
-    std::iter::from_fn(|| s.next_response(&g.store))
+    std::iter::from_fn(|| s.next_response(g.store()))
         .map(decode)
         .collect()
 }
@@ -182,7 +182,7 @@ fn d06_expired_ttl_leaves_the_cache_and_the_clients() {
     s.on_change(changes);
     let out = drain(&mut s, &g);
     assert_eq!(out[0].removed_resources, vec!["foo".to_string()]);
-    assert_eq!(g.store.ttl_expired, 1);
+    assert_eq!(g.store().ttl_expired, 1);
     // Not served to new subscribers.
     let mut late = DeltaStream::new();
     let e = late.on_request(&sub(&["foo"])).unwrap();
@@ -209,7 +209,7 @@ fn b17_sotw_clients_get_the_resource_again_instead_of_a_heartbeat() {
         .apply_upstream(EDS, update(vec![res("foo", "v7", Some(30), true)], t0))
         .unwrap();
     s.on_change(&c);
-    let first = s.next_response(&g.store).unwrap();
+    let first = s.next_response(g.store()).unwrap();
     let c = g
         .apply_upstream(
             EDS,
@@ -220,7 +220,7 @@ fn b17_sotw_clients_get_the_resource_again_instead_of_a_heartbeat() {
         )
         .unwrap();
     s.on_change(&c);
-    let again = s.next_response(&g.store).expect("full resource again");
+    let again = s.next_response(g.store()).expect("full resource again");
     assert_eq!(
         again.version_info, first.version_info,
         "same content, same version_info"

@@ -161,12 +161,11 @@ enum End {
 fn run(data: &[u8]) {
     let mut r = Reader::new(data);
     let flags = r.byte();
-    let mut group = GroupState::new(Duration::ZERO);
-    group.store = if flags & 1 != 0 {
+    let group = GroupState::new(Duration::ZERO).with_store(if flags & 1 != 0 {
         complete_store()
     } else {
         cache_store()
-    };
+    });
     let defaults = default_params(flags & 2 != 0);
     let limits = if flags & 4 != 0 {
         StreamLimits {
@@ -244,7 +243,7 @@ fn run(data: &[u8]) {
             // have reached the client at the current version.
             let mut drained = false;
             for _ in 0..256 {
-                let Some(resp) = h.stream.next_response(&h.group.store) else {
+                let Some(resp) = h.stream.next_response(h.group.store()) else {
                     drained = true;
                     break;
                 };
@@ -383,13 +382,13 @@ impl Harness {
         }
         self.subscriptions = total;
         if !effects.acquire.is_empty() || !effects.release.is_empty() {
-            let seq = self.group.apply_effects(STREAM, &effects, self.now);
+            let seq = self.group.apply_effects(STREAM, &effects, self.now).seq;
             self.stream.subscribed_at(seq);
             self.group.take_upstream_changes();
         }
         for (t, l) in &subs {
             assert_eq!(
-                self.group.interest.refcount(t, l),
+                self.group.interest().refcount(t, l),
                 1,
                 "group interest refcount for {t} {l}"
             );
@@ -455,7 +454,7 @@ impl Harness {
         let n = (b & 7) + 1;
         let mode = (b >> 3) & 3;
         for i in 0..n {
-            let Some(resp) = self.stream.next_response(&self.group.store) else {
+            let Some(resp) = self.stream.next_response(self.group.store()) else {
                 break;
             };
             self.check_response(&resp);
@@ -473,7 +472,7 @@ impl Harness {
 
     fn check_response(&mut self, resp: &wire::DeltaDiscoveryResponse) {
         let t = resp.type_url.as_str();
-        let store = &self.group.store;
+        let store = self.group.store();
         let m = &mut self.model;
         assert!(!resp.nonce.is_empty(), "response without nonce");
         assert!(
@@ -579,7 +578,7 @@ impl Harness {
     /// Every plain-name subscription whose resource the store holds (and may serve to anyone) is
     /// held by the client at that version.
     fn check_delivered(&self) {
-        let store = &self.group.store;
+        let store = self.group.store();
         for (t, l) in &self.model.explicit {
             if l.params != self.defaults {
                 continue;
@@ -598,8 +597,7 @@ impl Harness {
                 if r.do_not_cache && !store.is_source() {
                     continue;
                 }
-                let rejected =
-                    (t.clone(), l.name.to_string(), r.version.to_string());
+                let rejected = (t.clone(), l.name.to_string(), r.version.to_string());
                 assert!(
                     self.model.accepted.holds_version(t, &l.name, &r.version)
                         || self.model.rejected.contains(&rejected),
@@ -614,7 +612,7 @@ impl Harness {
     fn close(&mut self, held: Vec<(String, Locator)>) {
         self.group.remove_stream(STREAM, &held, self.now);
         assert_eq!(
-            self.group.interest.upstream_subscription_count(),
+            self.group.interest().upstream_subscription_count(),
             0,
             "interest left behind by a closed stream"
         );

@@ -75,12 +75,11 @@ enum End {
 fn run(data: &[u8]) {
     let mut r = Reader::new(data);
     let flags = r.byte();
-    let mut group = GroupState::new(Duration::ZERO);
-    group.store = if flags & 1 != 0 {
+    let group = GroupState::new(Duration::ZERO).with_store(if flags & 1 != 0 {
         complete_store()
     } else {
         cache_store()
-    };
+    });
     let defaults = default_params(flags & 2 != 0);
     let limits = if flags & 4 != 0 {
         StreamLimits {
@@ -158,7 +157,7 @@ fn run(data: &[u8]) {
         None => {
             let mut drained = false;
             for _ in 0..256 {
-                let Some(resp) = h.stream.next_response(&h.group.store) else {
+                let Some(resp) = h.stream.next_response(h.group.store()) else {
                     drained = true;
                     break;
                 };
@@ -274,13 +273,13 @@ impl Harness {
         }
         self.subscriptions = total;
         if !effects.acquire.is_empty() || !effects.release.is_empty() {
-            let seq = self.group.apply_effects(STREAM, &effects, self.now);
+            let seq = self.group.apply_effects(STREAM, &effects, self.now).seq;
             self.stream.subscribed_at(seq);
             self.group.take_upstream_changes();
         }
         for (t, l) in &subs {
             assert_eq!(
-                self.group.interest.refcount(t, l),
+                self.group.interest().refcount(t, l),
                 1,
                 "group interest refcount for {t} {l}"
             );
@@ -332,7 +331,7 @@ impl Harness {
         let n = (b & 7) + 1;
         let mode = (b >> 3) & 3;
         for i in 0..n {
-            let Some(resp) = self.stream.next_response(&self.group.store) else {
+            let Some(resp) = self.stream.next_response(self.group.store()) else {
                 break;
             };
             self.check_response(&resp);
@@ -353,7 +352,7 @@ impl Harness {
 
     fn check_response(&mut self, resp: &wire::DiscoveryResponse) {
         let t = resp.type_url.as_str();
-        let store = &self.group.store;
+        let store = self.group.store();
         let m = &mut self.model;
         assert!(!resp.nonce.is_empty(), "response without nonce");
         assert!(
@@ -451,7 +450,7 @@ impl Harness {
     /// Partial types: every plain-name subscription whose resource the store may serve reached
     /// the client at the store's version. (Full-state types may legitimately wait, B2.)
     fn check_delivered(&self) {
-        let store = &self.group.store;
+        let store = self.group.store();
         for (t, subs) in &self.model.subs {
             if is_full_state(t) {
                 continue;
@@ -482,7 +481,7 @@ impl Harness {
     fn close(&mut self, held: Vec<(String, Locator)>) {
         self.group.remove_stream(STREAM, &held, self.now);
         assert_eq!(
-            self.group.interest.upstream_subscription_count(),
+            self.group.interest().upstream_subscription_count(),
             0,
             "interest left behind by a closed stream"
         );

@@ -1,7 +1,6 @@
 //! Upstream Delta responses (the shadow `adsrelay.wire.DeltaDiscoveryResponse`, resources kept as
-//! bytes) applied to a pre-populated group with `GroupState::apply_upstream`, converted to an
-//! `UpstreamUpdate` by the upstream session's own `upstream_update` (NOT_FOUND errors become
-//! removals).
+//! bytes) taken by the relay's own `UpstreamSession::on_response` into a pre-populated group, as
+//! the upstream task does: nonce rule, NOT_FOUND translation, apply, ACK or NACK.
 //!
 //! Input: one flags byte (interest: wildcard or named; which type), then length-prefixed encoded
 //! responses applied in sequence. Invariants per response:
@@ -20,7 +19,10 @@ use adsrelay::pb::discovery::ResourceError;
 use adsrelay::pb::wire;
 use adsrelay::xds::constraints;
 use adsrelay::xds::upstream_session::upstream_update;
-use adsrelay::xds::{CachedResource, GroupState, Locator, Lookup, Store, WILDCARD};
+use adsrelay::xds::{
+    AckStatus, CachedResource, GroupState, Locator, Lookup, RequestEffects, Store, UpstreamSession,
+    Verdict, WILDCARD,
+};
 use adsrelay_fuzz::*;
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
@@ -31,23 +33,28 @@ fuzz_target!(|data: &[u8]| run(data));
 fn run(data: &[u8]) {
     let mut r = Reader::new(data);
     let flags = r.byte();
-    let mut group = GroupState::new(Duration::ZERO);
-    group.store = cache_store();
+    let mut group = GroupState::new(Duration::ZERO).with_store(cache_store());
     let wildcard = flags & 1 != 0;
     for t in TYPES {
-        if wildcard {
-            group.interest.acquire(t, &Locator::plain(WILDCARD));
+        let acquire = if wildcard {
+            vec![Locator::plain(WILDCARD)]
         } else {
-            for n in &NAMES[..6] {
-                group.interest.acquire(t, &Locator::plain(*n));
-            }
-            let prod = Locator::with_params("c", arc_params(param_set(1)));
-            group.interest.acquire(t, &prod);
-        }
+            let mut named: Vec<Locator> = NAMES[..6].iter().map(|n| Locator::plain(*n)).collect();
+            named.push(Locator::with_params("c", arc_params(param_set(1))));
+            named
+        };
+        let effects = RequestEffects {
+            type_url: t.to_string(),
+            acquire,
+            release: vec![],
+            ack: AckStatus::None,
+        };
+        group.apply_effects(1, &effects, epoch());
     }
+    let session = UpstreamSession::new(Default::default());
     if flags & 2 == 0 {
         // The subscriptions went out upstream (so a wildcard response completes the sync).
-        group.take_upstream_changes();
+        session.initial_requests(&mut group, true);
     }
     let mut responses = 0;
     while !r.is_empty() && responses < 16 {
@@ -55,54 +62,78 @@ fn run(data: &[u8]) {
         let Ok(resp) = wire::DeltaDiscoveryResponse::decode(r.chunk()) else {
             continue;
         };
-        apply_and_check(&mut group, resp);
+        apply_and_check(&session, &mut group, resp);
     }
 }
 
-fn apply_and_check(group: &mut GroupState, resp: wire::DeltaDiscoveryResponse) {
-    if resp.nonce.is_empty() || !group.interest.has_type(&resp.type_url) {
-        // upstream.rs: no nonce ends the session; an unrequested type is ignored.
-        return;
-    }
+fn apply_and_check(
+    session: &UpstreamSession,
+    group: &mut GroupState,
+    resp: wire::DeltaDiscoveryResponse,
+) {
     let t = resp.type_url.clone();
     let mentioned = mentioned_names(&resp);
     let probe: Vec<String> = mentioned.iter().cloned().collect();
-    let before = store_digest(&group.store, &probe);
+    let before = store_digest(group.store(), &probe);
     let names_before: BTreeMap<String, String> = NAMES[..6]
         .iter()
-        .map(|n| (n.to_string(), name_digest(&group.store, &t, n)))
+        .map(|n| (n.to_string(), name_digest(group.store(), &t, n)))
         .chain(
             mentioned
                 .iter()
-                .map(|n| (n.clone(), name_digest(&group.store, &t, n))),
+                .map(|n| (n.clone(), name_digest(group.store(), &t, n))),
         )
         .collect();
-    let interest_before = group.interest.upstream_subscriptions_by_type();
+    let interest_before = group.interest().upstream_subscriptions_by_type();
 
-    // The translation the upstream session applies (NOT_FOUND errors become removals, C14).
+    // What the response asks of the store, as the session translates it (NOT_FOUND errors become
+    // removals, C14).
     let update = upstream_update(resp.clone(), epoch());
-    let (resources, removed, errors) = (
-        update.resources.clone(),
-        update.removed.clone(),
-        update.errors.clone(),
-    );
-    match group.apply_upstream(&t, update) {
-        Err(e) => {
-            let _ = e.to_string();
+    let (resources, removed, errors) = (update.resources, update.removed, update.errors);
+    let subscribed = group.interest().has_type(&t);
+    let outcome = session.on_response(group, resp.clone(), epoch());
+    let verdict = match outcome {
+        Err(_) => {
+            // No nonce: the session ends the stream and applies nothing.
+            assert!(resp.nonce.is_empty(), "a response with a nonce was refused");
+            assert_eq!(store_digest(group.store(), &probe), before);
+            return;
+        }
+        Ok(o) => {
             assert_eq!(
-                store_digest(&group.store, &probe),
+                o.reply.response_nonce, resp.nonce,
+                "the reply answers this response"
+            );
+            assert_eq!(
+                o.reply.error_detail.is_some(),
+                matches!(o.verdict, Verdict::Rejected { .. }),
+                "a NACK exactly when rejected"
+            );
+            o.verdict
+        }
+    };
+    match verdict {
+        Verdict::NotSubscribed => {
+            assert!(!subscribed, "a subscribed type was ignored");
+            assert_eq!(store_digest(group.store(), &probe), before);
+        }
+        Verdict::Rejected { message: e } => {
+            assert!(!e.is_empty(), "a NACK says why");
+            assert_eq!(
+                store_digest(group.store(), &probe),
                 before,
                 "a rejected response ({e}) changed the store"
             );
             assert_eq!(
-                group.interest.upstream_subscriptions_by_type(),
+                group.interest().upstream_subscriptions_by_type(),
                 interest_before,
                 "a rejected response changed the interest"
             );
         }
-        Ok(changes) => {
-            let store = &group.store;
-            let wanted = |n: &str| group.interest.is_wildcard(&t) || group.interest.wants(&t, n);
+        Verdict::Applied { changes, .. } => {
+            let store = group.store();
+            let wanted =
+                |n: &str| group.interest().is_wildcard(&t) || group.interest().wants(&t, n);
             assert_eq!(changes.type_url, t);
             for n in changes.names.iter().chain(&changes.heartbeats) {
                 assert!(

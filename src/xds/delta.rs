@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::constraints::{ConstraintKey, Params};
+use super::constraints::{self, ConstraintKey, Params};
 use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeView};
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
@@ -443,9 +443,10 @@ impl DeltaStream {
                     ts.stamps.added(l.clone());
                 }
                 // E9/E10: now asked for in the other form (plain name <-> locator), which the
-                // client tells apart: what it holds in the old form is not this subscription's.
+                // client tells apart: what it holds in the old form is not this subscription's,
+                // and a NACK of an earlier response must not make it so again.
                 Some(was) if was != by_name => {
-                    ts.unhold(&l);
+                    ts.forget(&l);
                 }
                 Some(_) => {}
             }
@@ -878,6 +879,18 @@ impl DeltaStream {
                 }),
             });
         }
+
+        // A20: nothing is added and removed under one wire identity in one response. When one
+        // subscription of a name lost its match while another of the same name gained one sent
+        // alike (B20), the add replaces what the client held: the removal is dropped.
+        let added = &out.added;
+        out.removed.retain(|n| {
+            !added.contains_key(&(Name::from(n.as_str()), ConstraintKey::default(), true))
+        });
+        out.removed_variants.retain(|rn| {
+            let key = constraints::key(rn.dynamic_parameter_constraints.as_ref());
+            !added.contains_key(&(Name::from(rn.name.as_str()), key, false))
+        });
 
         // Without a wildcard (A27's first VHDS request) there is nothing to wait for.
         let answer_owed = ts.owe_response && synced;

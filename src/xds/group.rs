@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::contract::RequestEffects;
 use super::interest::{Interest, UpstreamChange, WILDCARD};
 use super::resource::{Locator, Name};
-use super::store::{ApplyError, ChangeSet, Store, UpstreamUpdate};
+use super::store::{ApplyError, ChangeSet, ExportedType, Lookup, Store, UpstreamUpdate};
 use super::unsubscribed::UnsubscribedSet;
 use super::xdstp;
 
@@ -26,16 +26,27 @@ pub type StreamId = u64;
 
 #[derive(Debug, Default)]
 pub struct GroupState {
-    pub store: Store,
-    pub interest: Interest,
+    pub(super) store: Store,
+    pub(super) interest: Interest,
     /// type_url -> name (or `"*"`) -> streams subscribed to it, with how many of their locators
     /// carry that name.
     index: HashMap<String, HashMap<Name, HashMap<StreamId, u32>>>,
     /// Names (and lingering wildcards) held upstream that no client wants, within a byte budget.
-    pub unsubscribed: UnsubscribedSet,
+    pub(super) unsubscribed: UnsubscribedSet,
     /// The upstream stream must be re-established to get a full answer (taken by the upstream
     /// task, see [`GroupState::take_resync`]).
     resync_wanted: bool,
+}
+
+/// What [`GroupState::apply_effects`] did: the store's sequence number when the subscriptions took
+/// effect (so the stream can tell later deliveries from what was already there), and how many new
+/// subscriptions the cache could answer at once (present, known absent, or a synced wildcard) and
+/// how many wait for the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    pub seq: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
 }
 
 /// What a group's state counts, read at scrape time (metrics are never counted twice).
@@ -127,6 +138,23 @@ impl GroupState {
         }
     }
 
+    /// A group whose cache starts with `store` (for tests and fuzzing: a warm cache without an
+    /// upstream).
+    pub fn with_store(mut self, store: Store) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// What the group has cached (read-only: the store changes only through the group's rules).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// What the group holds upstream (read-only, like [`GroupState::store`]).
+    pub fn interest(&self) -> &Interest {
+        &self.interest
+    }
+
     /// Whether the upstream stream must be re-established (and clears the request).
     pub fn take_resync(&mut self) -> bool {
         std::mem::take(&mut self.resync_wanted)
@@ -138,15 +166,30 @@ impl GroupState {
         self
     }
 
-    /// Applies a stream's subscription changes to the interest and the index. Returns the store's
-    /// sequence number, so the stream can tell later deliveries from what was already there.
+    /// Applies a stream's subscription changes to the interest and the index.
     pub fn apply_effects(
         &mut self,
         stream: StreamId,
         effects: &RequestEffects,
         now: Instant,
-    ) -> u64 {
+    ) -> Applied {
         let type_url = &effects.type_url;
+        let (mut cache_hits, mut cache_misses) = (0, 0);
+        for l in &effects.acquire {
+            let hit = if &*l.name == WILDCARD {
+                self.store.wildcard_synced(type_url)
+            } else {
+                !matches!(
+                    self.store.lookup_for(type_url, &l.name, &l.params),
+                    Lookup::Unknown
+                )
+            };
+            if hit {
+                cache_hits += 1;
+            } else {
+                cache_misses += 1;
+            }
+        }
         let by_name = self.index.entry(type_url.clone()).or_default();
         let mut touched = Vec::with_capacity(effects.acquire.len() + effects.release.len());
         for l in &effects.acquire {
@@ -173,7 +216,11 @@ impl GroupState {
             }
         }
         self.settle(type_url, touched);
-        self.store.seq()
+        Applied {
+            seq: self.store.seq(),
+            cache_hits,
+            cache_misses,
+        }
     }
 
     /// A stream ended: release everything it held (F9).
@@ -194,10 +241,24 @@ impl GroupState {
         }
     }
 
-    /// Locators restored from a snapshot (lingering until a client claims them) join the
-    /// unsubscribed set like any released name, so the byte budget covers them too.
-    pub fn settle_restored(&mut self, type_url: &str, names: Vec<Name>) {
-        self.settle(type_url, names);
+    /// Seeds one type from a warm-restart snapshot: its locators are held upstream as lingering
+    /// until `hold_until` (so they go upstream on the first stream and lapse unless a client claims
+    /// them) and join the unsubscribed set like any released name, under its byte budget. Returns
+    /// the number of variants restored.
+    pub fn restore_type(
+        &mut self,
+        locators: &[Locator],
+        content: ExportedType,
+        hold_until: Instant,
+        now: Instant,
+    ) -> usize {
+        let type_url = content.type_url.clone();
+        for l in locators {
+            self.interest.restore(&type_url, l, hold_until);
+        }
+        let restored = self.store.import(vec![content], now);
+        self.settle(&type_url, locators.iter().map(|l| l.name.clone()).collect());
+        restored
     }
 
     /// Brings the store and the unsubscribed set in line with the interest in `names` of one type

@@ -33,7 +33,7 @@ pub use contract::{
 };
 pub use delta::DeltaStream;
 pub use frame::{Frame, FrameCache, Outgoing};
-pub use group::{CacheStats, GroupState, GroupStats, StreamId, UnsubscribedStats};
+pub use group::{Applied, CacheStats, GroupState, GroupStats, StreamId, UnsubscribedStats};
 pub use interest::{Interest, UpstreamChange, WILDCARD};
 pub use resource::{CachedResource, Locator, Name};
 pub use sotw::SotwStream;
