@@ -1424,3 +1424,33 @@ fn a31_nacked_wildcard_removal_is_not_repeated() {
     client.stream.mark_all_pending(CDS);
     client.none(&store);
 }
+
+#[test]
+fn f12_request_over_the_subscription_limit_leaves_the_stream_as_it_was() {
+    let store = synced_store(CDS, &[("a", "1"), ("b", "1"), ("c", "1")]);
+    let mut s = DeltaStream::new();
+    let e = s
+        .on_request_within(&req(CDS).sub(&["a", "b"]).0, 0, 2, 3)
+        .unwrap();
+    assert_eq!(e.acquire.len(), 2);
+    let held = s.subscriptions();
+    let view = s.view(true);
+    // Two more would make four: refused, and nothing of it is taken in (so closing the stream
+    // releases exactly what the group holds for it).
+    let refused = s.on_request_within(&req(CDS).sub(&["c", "d"]).0, 2, 2, 3);
+    assert!(
+        matches!(
+            refused,
+            Err(ProtocolError::TooManySubscriptions { total: 4, max: 3 })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(s.subscriptions(), held);
+    assert_eq!(s.view(true), view);
+    // Re-listing what it holds plus one stays within the limit.
+    let e = s
+        .on_request_within(&req(CDS).sub(&["a", "c"]).0, 2, 2, 3)
+        .unwrap();
+    assert_eq!(e.acquire.len(), 1);
+    assert!(s.next_response(&store).is_some());
+}

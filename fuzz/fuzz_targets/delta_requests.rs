@@ -20,12 +20,14 @@ use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adsrelay::downstream::limits::{self, StreamLimits};
+use adsrelay::downstream::limits::{self, RequestShape, StreamLimits};
 use adsrelay::pb::discovery::{DeltaDiscoveryRequest, ResourceLocator};
 use adsrelay::pb::rpc;
 use adsrelay::pb::wire;
 use adsrelay::xds::constraints::{self, Params};
-use adsrelay::xds::{DeltaStream, GroupState, Locator, Lookup, WILDCARD};
+use adsrelay::xds::{
+    DeltaStream, GroupState, Locator, Lookup, ProtocolError, StreamCore, WILDCARD,
+};
 use adsrelay_fuzz::*;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -154,8 +156,6 @@ struct Harness {
 /// Why the stream ended early (the adapter would close it with a status).
 enum End {
     Refused,
-    /// The core took the request in but the group never saw it (over max_subscriptions).
-    Unapplied(adsrelay::xds::RequestEffects),
 }
 
 fn run(data: &[u8]) {
@@ -266,14 +266,6 @@ fn run(data: &[u8]) {
             let held = h.stream.subscriptions();
             h.close(held);
         }
-        Some(End::Unapplied(e)) => {
-            // As the adapter does: release exactly what the group holds for this stream.
-            let mut held = h.stream.subscriptions();
-            let acquired: HashSet<&Locator> = e.acquire.iter().collect();
-            held.retain(|(t, l)| !(t == &e.type_url && acquired.contains(l)));
-            held.extend(e.release.iter().map(|l| (e.type_url.clone(), l.clone())));
-            h.close(held);
-        }
     }
 }
 
@@ -347,7 +339,25 @@ impl Harness {
     /// The adapter's request path (downstream/stream.rs handle_request), plus model checks.
     fn request(&mut self, req: DeltaDiscoveryRequest) -> Result<(), End> {
         limits::check_request(&req, &self.limits).map_err(|_| End::Refused)?;
-        let effects = self.stream.on_request(&req).map_err(|_| End::Refused)?;
+        // As the adapter does: a request over max_subscriptions is refused and changes nothing.
+        let before = (self.stream.subscriptions(), self.stream.view(true));
+        let effects = match self.stream.on_request_within(
+            &req,
+            self.subscriptions,
+            req.subscribe_entries(),
+            self.limits.max_subscriptions,
+        ) {
+            Ok(effects) => effects,
+            Err(ProtocolError::TooManySubscriptions { .. }) => {
+                assert_eq!(
+                    (self.stream.subscriptions(), self.stream.view(true)),
+                    before,
+                    "a refused request changed the stream"
+                );
+                return Err(End::Refused);
+            }
+            Err(_) => return Err(End::Refused),
+        };
         self.model_request(&req);
         if !req.response_nonce.is_empty() {
             let nacked = req.error_detail.is_some();
@@ -377,9 +387,6 @@ impl Harness {
             subs.len(),
             "acquire/release effects do not add up to the subscriptions held: {effects:?}"
         );
-        if total > self.limits.max_subscriptions {
-            return Err(End::Unapplied(effects));
-        }
         self.subscriptions = total;
         if !effects.acquire.is_empty() || !effects.release.is_empty() {
             let seq = self.group.apply_effects(STREAM, &effects, self.now).seq;

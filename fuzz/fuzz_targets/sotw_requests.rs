@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adsrelay::downstream::limits::{self, StreamLimits};
+use adsrelay::downstream::limits::{self, RequestShape, StreamLimits};
 use adsrelay::pb::core::Node;
 use adsrelay::pb::discovery::{DiscoveryRequest, ResourceLocator};
 use adsrelay::pb::rpc;
@@ -25,7 +25,7 @@ use adsrelay::pb::wire;
 use adsrelay::xds::constraints::Params;
 use adsrelay::xds::resource::RESOURCE_TYPE_URL;
 use adsrelay::xds::sotw::is_full_state;
-use adsrelay::xds::{GroupState, Locator, Lookup, SotwStream, WILDCARD};
+use adsrelay::xds::{GroupState, Locator, Lookup, ProtocolError, SotwStream, StreamCore, WILDCARD};
 use adsrelay_fuzz::*;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -69,7 +69,6 @@ struct Harness {
 
 enum End {
     Refused,
-    Unapplied(adsrelay::xds::RequestEffects),
 }
 
 fn run(data: &[u8]) {
@@ -177,13 +176,6 @@ fn run(data: &[u8]) {
             let held = h.stream.subscriptions();
             h.close(held);
         }
-        Some(End::Unapplied(e)) => {
-            let mut held = h.stream.subscriptions();
-            let acquired: HashSet<&Locator> = e.acquire.iter().collect();
-            held.retain(|(t, l)| !(t == &e.type_url && acquired.contains(l)));
-            held.extend(e.release.iter().map(|l| (e.type_url.clone(), l.clone())));
-            h.close(held);
-        }
     }
 }
 
@@ -243,7 +235,25 @@ impl Model {
 impl Harness {
     fn request(&mut self, req: DiscoveryRequest) -> Result<(), End> {
         limits::check_request(&req, &self.limits).map_err(|_| End::Refused)?;
-        let effects = self.stream.on_request(&req).map_err(|_| End::Refused)?;
+        // As the adapter does: a request over max_subscriptions is refused and changes nothing.
+        let before = (self.stream.subscriptions(), self.stream.view(true));
+        let effects = match self.stream.on_request_within(
+            &req,
+            self.subscriptions,
+            req.subscribe_entries(),
+            self.limits.max_subscriptions,
+        ) {
+            Ok(effects) => effects,
+            Err(ProtocolError::TooManySubscriptions { .. }) => {
+                assert_eq!(
+                    (self.stream.subscriptions(), self.stream.view(true)),
+                    before,
+                    "a refused request changed the stream"
+                );
+                return Err(End::Refused);
+            }
+            Err(_) => return Err(End::Refused),
+        };
         self.model_request(&req);
         let subs = self.stream.subscriptions();
         let expected: BTreeSet<(String, Locator)> = self
@@ -268,9 +278,6 @@ impl Harness {
             subs.len(),
             "acquire/release effects do not add up to the subscriptions held: {effects:?}"
         );
-        if total > self.limits.max_subscriptions {
-            return Err(End::Unapplied(effects));
-        }
         self.subscriptions = total;
         if !effects.acquire.is_empty() || !effects.release.is_empty() {
             let seq = self.group.apply_effects(STREAM, &effects, self.now).seq;

@@ -19,7 +19,8 @@ use crate::sync::lock;
 use crate::tls::PeerIdentity;
 use crate::xds::constraints::Params;
 use crate::xds::{
-    AckStatus, Locator, Protocol, RequestEffects, Store, StreamCore, StreamId, TypeView, XdsRequest,
+    AckStatus, Locator, Protocol, ProtocolError, RequestEffects, Store, StreamCore, StreamId,
+    TypeView, XdsRequest,
 };
 
 /// What a stream needs from whoever owns the store it serves.
@@ -266,7 +267,6 @@ async fn drive<H, C>(
         bucket: limits::request_bucket(&stream_limits, Instant::now()),
         limits: stream_limits,
         subscriptions: 0,
-        unapplied: None,
     };
     let stuck_timeout = guard.limits.stuck_timeout;
     let outcome: Result<(), Refusal> = async {
@@ -359,14 +359,8 @@ async fn drive<H, C>(
         refuse(&*host, &tx, refusal).instrument(span.clone()).await;
     }
     span.in_scope(|| debug!("stream closed"));
-    let mut held = lock(&core).subscriptions();
-    if let Some(e) = guard.unapplied {
-        // The core took in a request the group never saw (it was refused): release exactly what
-        // the group holds for this stream.
-        let acquired: std::collections::HashSet<&Locator> = e.acquire.iter().collect();
-        held.retain(|(t, l)| !(t == &e.type_url && acquired.contains(l)));
-        held.extend(e.release.iter().map(|l| (e.type_url.clone(), l.clone())));
-    }
+    // A refused request left the core as it was: what it holds is what the group holds for it.
+    let held = lock(&core).subscriptions();
     host.close(membership, id, held);
 }
 
@@ -376,8 +370,6 @@ struct Guard {
     bucket: Option<TokenBucket>,
     /// Subscriptions the group holds for this stream (acquired minus released).
     subscriptions: usize,
-    /// Effects of a refused request the core applied but the group did not.
-    unapplied: Option<RequestEffects>,
 }
 
 async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
@@ -440,15 +432,22 @@ where
         }
     }
     host.on_request(membership, &req);
+    let may_add = req.subscribe_entries();
     let effects = lock(core)
-        .on_request(&req)
-        .map_err(|e| invalid(Status::invalid_argument(e.to_string())))?;
-    let total = (guard.subscriptions + effects.acquire.len()).saturating_sub(effects.release.len());
-    if total > guard.limits.max_subscriptions {
-        guard.unapplied = Some(effects);
-        return Err(limits::too_many_subscriptions(total, &guard.limits));
-    }
-    guard.subscriptions = total;
+        .on_request_within(
+            &req,
+            guard.subscriptions,
+            may_add,
+            guard.limits.max_subscriptions,
+        )
+        .map_err(|e| match e {
+            ProtocolError::TooManySubscriptions { total, .. } => {
+                limits::too_many_subscriptions(total, &guard.limits)
+            }
+            e => invalid(Status::invalid_argument(e.to_string())),
+        })?;
+    guard.subscriptions =
+        (guard.subscriptions + effects.acquire.len()).saturating_sub(effects.release.len());
     match &effects.ack {
         AckStatus::Nack { nonce, message } => {
             client.answered(&effects.type_url, true);

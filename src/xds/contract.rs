@@ -35,6 +35,10 @@ impl Protocol {
 pub enum ProtocolError {
     #[error("type_url is required for ADS (request had an empty type_url)")]
     MissingTypeUrl,
+    /// The request would leave the stream holding more subscriptions than it may; it was not
+    /// applied (see [`StreamCore::on_request_within`]).
+    #[error("stream would hold {total} subscriptions; the limit is {max} per stream")]
+    TooManySubscriptions { total: usize, max: usize },
 }
 
 /// What a request acknowledged.
@@ -76,13 +80,37 @@ impl RequestEffects {
     }
 }
 
-pub trait StreamCore {
+/// `Clone` so a refused request can leave the stream as it was ([`StreamCore::on_request_within`]).
+pub trait StreamCore: Clone {
     type Request;
 
     /// A fresh state machine for a stream opened by `node`; plain-name subscriptions carry
     /// `default_params` (empty unless derived from node metadata).
     fn for_node(node: &Node, default_params: Params) -> Self;
     fn on_request(&mut self, req: &Self::Request) -> Result<RequestEffects, ProtocolError>;
+    /// [`StreamCore::on_request`] for a stream that holds `held` subscriptions and may hold at
+    /// most `max`: a request that would exceed it is refused and leaves the stream exactly as it
+    /// was, so what the stream holds stays what its group holds for it. `may_add` bounds what the
+    /// request can add (its subscribe entries; one more for a wildcard); only a request that could
+    /// reach the limit pays for keeping the state to return to.
+    fn on_request_within(
+        &mut self,
+        req: &Self::Request,
+        held: usize,
+        may_add: usize,
+        max: usize,
+    ) -> Result<RequestEffects, ProtocolError> {
+        let before = (held + may_add + 1 > max).then(|| self.clone());
+        let effects = self.on_request(req)?;
+        let total = (held + effects.acquire.len()).saturating_sub(effects.release.len());
+        if total > max {
+            if let Some(before) = before {
+                *self = before;
+            }
+            return Err(ProtocolError::TooManySubscriptions { total, max });
+        }
+        Ok(effects)
+    }
     fn on_change(&mut self, changes: &ChangeSet);
     /// Re-examine everything of a type (the change notifications for it were collapsed).
     fn mark_all_pending(&mut self, type_url: &str);

@@ -74,7 +74,7 @@ impl Held {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct TypeState {
     wildcard: bool,
     /// name -> parameter set -> subscribed by plain name (true) or by locator (false).
@@ -190,7 +190,7 @@ impl TypeState {
 /// The parameter sets a name is subscribed with on one stream, and whether each came by plain
 /// name. Nearly always one: a sorted `Vec` costs a tenth of a map per name, and this is held per
 /// client per subscribed name.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct ParamSets(Vec<(Arc<Params>, bool)>);
 
 impl ParamSets {
@@ -252,7 +252,7 @@ pub struct TypeStatus {
     pub last_nack: Option<(String, String)>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct DeltaStream {
     types: BTreeMap<String, Box<TypeState>>,
     nonce_seq: u64,

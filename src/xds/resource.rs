@@ -26,7 +26,7 @@ pub struct Locator {
 
 /// The store sequence at which each subscription of a stream was applied to its group, so
 /// `do_not_cache` content is served only to subscriptions that were waiting when it arrived (D2).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct SubscriptionStamps {
     at: std::collections::HashMap<Locator, u64>,
     /// Subscriptions made since the adapter last reported the store sequence.

@@ -42,7 +42,7 @@ pub fn is_full_state(type_url: &str) -> bool {
     )
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct TypeState {
     /// Names whose upstream error (TP3) was already reported; cleared when the resource arrives.
     errors_sent: BTreeSet<Name>,
@@ -126,7 +126,7 @@ impl TypeState {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct SotwStream {
     types: BTreeMap<String, Box<TypeState>>,
     nonce_seq: u64,

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, VecDeque};
 /// Unanswered responses remembered per type before the oldest is taken as accepted.
 pub const MAX_IN_FLIGHT: usize = 16;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Unacked<K: Ord, V> {
     /// Key -> value before the response under construction (first change wins).
     staged: BTreeMap<K, Option<V>>,
