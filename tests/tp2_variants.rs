@@ -750,3 +750,38 @@ fn e09_e10_nack_after_a_form_switch_does_not_bring_back_the_old_form() {
         "the client is told c is gone, by the name it holds: {out:?}"
     );
 }
+
+#[test]
+fn e09_locator_with_the_default_parameters_does_not_take_over_what_the_wildcard_sent_by_name() {
+    use adsrelay::xds::{ChangeSet, DeltaStream, Store};
+    let params = std::collections::BTreeMap::from([("env".to_string(), "prod".to_string())]);
+    let mut s = DeltaStream::with_default_params(params);
+    // A wildcard client whose plain names carry env=prod holds c by plain name.
+    let store = Store::complete(vec![variant("c", "prod", "1"), variant("b", "prod", "1")]);
+    s.on_request(&DeltaDiscoveryRequest {
+        type_url: EDS.into(),
+        ..Default::default()
+    })
+    .unwrap();
+    let first = drain(&mut s, &store);
+    assert_eq!(first[0].resources.len(), 2);
+    // It subscribes to c by locator with those same parameters, and before the relay answers,
+    // c goes away.
+    s.on_request(&DeltaDiscoveryRequest {
+        type_url: EDS.into(),
+        response_nonce: first[0].nonce.clone(),
+        resource_locators_subscribe: vec![locator("c", "prod")],
+        ..Default::default()
+    })
+    .unwrap();
+    let store = Store::complete(vec![variant("b", "prod", "1")]);
+    s.on_change(&ChangeSet {
+        type_url: EDS.into(),
+        names: vec!["c".into()],
+        ..Default::default()
+    });
+    let out = drain(&mut s, &store);
+    // The locator subscription never received c's variant: no variant removal for it.
+    let variant_removals: Vec<_> = out.iter().flat_map(|r| &r.removed_resource_names).collect();
+    assert!(variant_removals.is_empty(), "{variant_removals:?}");
+}

@@ -441,6 +441,12 @@ impl DeltaStream {
                 None => {
                     effects.acquire.push(l.clone());
                     ts.stamps.added(l.clone());
+                    // A locator with the default parameters names what the wildcard or the
+                    // initial versions held by plain name: the client tells the two forms apart
+                    // (E9), so that is not this subscription's.
+                    if !by_name && l.params == defaults {
+                        ts.forget(&l);
+                    }
                 }
                 // E9/E10: now asked for in the other form (plain name <-> locator), which the
                 // client tells apart: what it holds in the old form is not this subscription's,
