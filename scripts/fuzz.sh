@@ -9,6 +9,7 @@
 #
 # Toolchain: nightly when installed, else stable with RUSTC_BOOTSTRAP=1 (cargo-fuzz needs -Z flags).
 # FUZZ_SANITIZER (default address; "none" is faster) is passed to cargo fuzz -s.
+# FUZZ_SEED fixes libFuzzer's seed (CI sets it; unset, every run explores differently).
 # New inputs found go to fuzz/target/corpus/<target> (kept between local runs, never committed);
 # fuzz/corpus/<target> (seeds) and fuzz/regressions/<target> (past crashes) are only read.
 # Reproduce a crash: cargo +nightly fuzz run <target> <crash file>   (from fuzz/)
@@ -58,8 +59,10 @@ for t in "${targets[@]}"; do
     log="target/fuzz-$t.log"
     echo "== $t: ${secs}s"
     status=0
+    seed=()
+    [[ -n ${FUZZ_SEED:-} ]] && seed=(-seed="$FUZZ_SEED")
     cargo "${toolchain[@]}" fuzz run -s "$sanitizer" "$t" "${corpora[@]}" -- \
-        -max_total_time="$secs" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
+        -max_total_time="$secs" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 "${seed[@]}" \
         >"$log" 2>&1 || status=$?
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
     echo "   $t: ${execs:-?} executions, exit status $status"
