@@ -16,7 +16,7 @@
 //! - when the stream ends, the group holds no interest and no index entry for it.
 #![no_main]
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,84 +45,14 @@ struct Model {
     /// Every (type, name) the client ever subscribed to explicitly.
     asked: BTreeSet<(String, String)>,
     held: HeldModel,
-    /// What the client holds after applying only the responses it accepted (a NACKed response
-    /// changes nothing, B7): each response's changes wait under its nonce until answered.
-    accepted: HeldModel,
-    unanswered: BTreeMap<String, VecDeque<(u64, Vec<HeldChange>)>>,
-    /// (type, name, version) the client rejected: not sent again until it changes (A31).
-    rejected: BTreeSet<(String, String, String)>,
+    /// What the client holds counting only the responses it accepted.
+    answers: Answers,
     nonces: HashSet<String>,
     /// Latest nonce received per type, for delayed ACKs.
     last_nonce: BTreeMap<String, String>,
 }
 
-/// One change a response makes to what the client holds: (name, form, version or removal).
-type HeldChange = (String, Form, Option<String>);
-
-/// Responses per type the relay remembers unanswered (`unacked::MAX_IN_FLIGHT`); older ones count
-/// as accepted there, and so here.
-const MAX_UNANSWERED: usize = 16;
-
 impl Model {
-    fn apply(accepted: &mut HeldModel, t: &str, changes: Vec<HeldChange>) {
-        for (name, form, version) in changes {
-            match version {
-                Some(v) => accepted.insert(t, &name, form, &v),
-                None => accepted.remove(t, &name, Some(&form)),
-            }
-        }
-    }
-
-    fn sent(&mut self, t: &str, nonce: &str, changes: Vec<HeldChange>) {
-        let (Ok(n), false) = (nonce.parse::<u64>(), changes.is_empty()) else {
-            return;
-        };
-        let q = self.unanswered.entry(t.to_string()).or_default();
-        q.push_back((n, changes));
-        if q.len() > MAX_UNANSWERED {
-            if let Some((_, old)) = q.pop_front() {
-                Self::apply(&mut self.accepted, t, old);
-            }
-        }
-    }
-
-    /// The client answered `nonce`: everything before it was accepted; it was itself unless
-    /// `nacked`.
-    fn answered(&mut self, t: &str, nonce: &str, nacked: bool) {
-        let Ok(n) = nonce.parse::<u64>() else {
-            return;
-        };
-        let Some(q) = self.unanswered.get_mut(t) else {
-            return;
-        };
-        if !q.iter().any(|(m, _)| *m == n) {
-            return;
-        }
-        while let Some((m, changes)) = q.pop_front() {
-            if m == n && nacked {
-                for (name, _, version) in changes {
-                    if let Some(v) = version {
-                        self.rejected.insert((t.to_string(), name, v));
-                    }
-                }
-                break;
-            }
-            Self::apply(&mut self.accepted, t, changes);
-            if m == n {
-                break;
-            }
-        }
-    }
-
-    /// At the end every response still unanswered counts as applied (as the relay records it).
-    fn settle_all(&mut self) {
-        for (t, q) in std::mem::take(&mut self.unanswered) {
-            for (_, changes) in q {
-                Self::apply(&mut self.accepted, &t, changes);
-            }
-        }
-    }
-
     fn subscribed_name(&self, type_url: &str, name: &str) -> bool {
         self.explicit
             .iter()
@@ -257,7 +187,7 @@ fn run(data: &[u8]) {
                 drained,
                 "the stream keeps producing responses with nothing changing"
             );
-            h.model.settle_all();
+            h.model.answers.settle_all();
             h.check_delivered();
             let held = h.stream.subscriptions();
             h.close(held);
@@ -362,6 +292,7 @@ impl Harness {
         if !req.response_nonce.is_empty() {
             let nacked = req.error_detail.is_some();
             self.model
+                .answers
                 .answered(&req.type_url, &req.response_nonce, nacked);
         }
         let subs = self.stream.subscriptions();
@@ -427,7 +358,7 @@ impl Harness {
             }
             for (n, v) in &req.initial_resource_versions {
                 m.held.insert(&t, n, Form::Plain, v);
-                m.accepted.insert(&t, n, Form::Plain, v);
+                m.answers.accepted.insert(&t, n, Form::Plain, v);
             }
         }
         for (l, _) in sub {
@@ -448,7 +379,9 @@ impl Harness {
                         .map(|(_, l)| l.name.to_string())
                         .collect();
                     m.held.retain_names(&t, |n| explicit.contains(n));
-                    m.accepted.retain_names(&t, |n| explicit.contains(n));
+                    m.answers
+                        .accepted
+                        .retain_names(&t, |n| explicit.contains(n));
                 }
             } else {
                 m.explicit.remove(&(t.clone(), l));
@@ -508,7 +441,7 @@ impl Harness {
                 added.insert((name.clone(), form.clone())),
                 "{t} {name} {form:?} twice in one response"
             );
-            changes.push((name.clone(), form.clone(), Some(version.clone())));
+            changes.push(HeldChange::Set(name.clone(), form.clone(), version.clone()));
             m.held.insert(t, &name, form, &version);
         }
         for n in &resp.removed_resources {
@@ -521,7 +454,7 @@ impl Harness {
                 m.may_remove(t, n),
                 "removal of {t} {n}, which the client neither held nor asked for"
             );
-            changes.push((n.clone(), Form::Plain, None));
+            changes.push(HeldChange::Remove(n.clone(), Form::Plain));
             m.held.remove(t, n, Some(&Form::Plain));
         }
         for rn in &resp.removed_resource_names {
@@ -545,10 +478,10 @@ impl Harness {
                 "variant removal of {t} {} {form:?}, a variant the client never held",
                 rn.name
             );
-            changes.push((rn.name.clone(), form.clone(), None));
+            changes.push(HeldChange::Remove(rn.name.clone(), form.clone()));
             m.held.remove(t, &rn.name, Some(&form));
         }
-        m.sent(t, &resp.nonce, changes);
+        m.answers.sent(t, &resp.nonce, changes);
         for e in &resp.resource_errors {
             let n = e
                 .resource_name
@@ -604,10 +537,8 @@ impl Harness {
                 if r.do_not_cache && !store.is_source() {
                     continue;
                 }
-                let rejected = (t.clone(), l.name.to_string(), r.version.to_string());
                 assert!(
-                    self.model.accepted.holds_version(t, &l.name, &r.version)
-                        || self.model.rejected.contains(&rejected),
+                    self.model.answers.has_or_rejected(t, &l.name, &r.version),
                     "subscribed {t} {l} never received v{} held by the store",
                     r.version
                 );

@@ -43,7 +43,9 @@ struct Model {
     subs: BTreeMap<String, BTreeSet<Locator>>,
     /// The names and locators of the latest request per type, repeated in ACKs.
     last_request: BTreeMap<String, (Vec<String>, Vec<ResourceLocator>)>,
-    held: HeldModel,
+    /// What the client holds counting only the responses it accepted (a NACKed response changes
+    /// nothing, B7).
+    answers: Answers,
     nonces: HashSet<String>,
     last_nonce: BTreeMap<String, String>,
 }
@@ -168,6 +170,7 @@ fn run(data: &[u8]) {
                 drained,
                 "the stream keeps producing responses with nothing changing"
             );
+            h.model.answers.settle_all();
             h.check_delivered();
             let held = h.stream.subscriptions();
             h.close(held);
@@ -255,6 +258,12 @@ impl Harness {
             Err(_) => return Err(End::Refused),
         };
         self.model_request(&req);
+        if !req.response_nonce.is_empty() {
+            let nacked = req.error_detail.is_some();
+            self.model
+                .answers
+                .answered(&req.type_url, &req.response_nonce, nacked);
+        }
         let subs = self.stream.subscriptions();
         let expected: BTreeSet<(String, Locator)> = self
             .model
@@ -416,11 +425,16 @@ impl Harness {
                 names, expected,
                 "full-state {t} response is not the subscribed state"
             );
-            m.held.retain_names(t, |_| false);
         }
-        for (name, form, version) in sent {
-            m.held.insert(t, &name, form, &version);
+        let mut changes = Vec::new();
+        if is_full_state(t) {
+            changes.push(HeldChange::Clear);
         }
+        changes.extend(
+            sent.into_iter()
+                .map(|(name, form, version)| HeldChange::Set(name, form, version)),
+        );
+        m.answers.sent(t, &resp.nonce, changes);
         for e in &resp.resource_errors {
             let n = e
                 .resource_name
@@ -476,7 +490,7 @@ impl Harness {
                         continue;
                     }
                     assert!(
-                        self.model.held.holds_version(t, &l.name, &r.version),
+                        self.model.answers.has_or_rejected(t, &l.name, &r.version),
                         "subscribed {t} {l} never received v{} held by the store",
                         r.version
                     );

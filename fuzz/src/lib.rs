@@ -2,7 +2,7 @@
 //! for the op-sequence input formats, and a model of what a Delta/SotW client holds. The targets
 //! drive only adsrelay's I/O-free core (`adsrelay::xds`), as the stream adapters do.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -313,6 +313,103 @@ pub fn resource_identity(bytes: &[u8]) -> (String, Form, String, bool) {
         _ => (r.name.clone(), Form::Plain),
     };
     (name, form, r.version, r.resource.is_some())
+}
+
+/// One change a response makes to what the client holds.
+#[derive(Debug, Clone)]
+pub enum HeldChange {
+    /// The client now holds `name` in `form` at a version.
+    Set(String, Form, String),
+    /// `name` in `form` was removed.
+    Remove(String, Form),
+    /// A SotW full-state response replaces everything of its type.
+    Clear,
+}
+
+/// Responses per type the relay remembers unanswered (`unacked::MAX_IN_FLIGHT`); older ones count
+/// as accepted there, and so here.
+pub const MAX_UNANSWERED: usize = 16;
+
+/// What a client holds after applying only the responses it accepted (a NACKed response changes
+/// nothing, B7): each response's changes wait under its nonce until the client answers it, and an
+/// answer settles every earlier response of the type too (clients answer in order).
+#[derive(Debug, Default)]
+pub struct Answers {
+    pub accepted: HeldModel,
+    unanswered: BTreeMap<String, VecDeque<(u64, Vec<HeldChange>)>>,
+    /// (type, name, version) the client rejected: not sent again until it changes (A31).
+    pub rejected: BTreeSet<(String, String, String)>,
+}
+
+impl Answers {
+    fn apply(accepted: &mut HeldModel, t: &str, changes: Vec<HeldChange>) {
+        for c in changes {
+            match c {
+                HeldChange::Set(name, form, v) => accepted.insert(t, &name, form, &v),
+                HeldChange::Remove(name, form) => accepted.remove(t, &name, Some(&form)),
+                HeldChange::Clear => accepted.retain_names(t, |_| false),
+            }
+        }
+    }
+
+    /// A response of type `t` with `nonce` carried `changes`.
+    pub fn sent(&mut self, t: &str, nonce: &str, changes: Vec<HeldChange>) {
+        let (Ok(n), false) = (nonce.parse::<u64>(), changes.is_empty()) else {
+            return;
+        };
+        let q = self.unanswered.entry(t.to_string()).or_default();
+        q.push_back((n, changes));
+        if q.len() > MAX_UNANSWERED {
+            if let Some((_, old)) = q.pop_front() {
+                Self::apply(&mut self.accepted, t, old);
+            }
+        }
+    }
+
+    /// The client answered `nonce`: everything before it was accepted; it was itself unless
+    /// `nacked`.
+    pub fn answered(&mut self, t: &str, nonce: &str, nacked: bool) {
+        let Ok(n) = nonce.parse::<u64>() else {
+            return;
+        };
+        let Some(q) = self.unanswered.get_mut(t) else {
+            return;
+        };
+        if !q.iter().any(|(m, _)| *m == n) {
+            return;
+        }
+        while let Some((m, changes)) = q.pop_front() {
+            if m == n && nacked {
+                for c in changes {
+                    if let HeldChange::Set(name, _, v) = c {
+                        self.rejected.insert((t.to_string(), name, v));
+                    }
+                }
+                break;
+            }
+            Self::apply(&mut self.accepted, t, changes);
+            if m == n {
+                break;
+            }
+        }
+    }
+
+    /// At the end every response still unanswered counts as applied (as the relay records it).
+    pub fn settle_all(&mut self) {
+        for (t, q) in std::mem::take(&mut self.unanswered) {
+            for (_, changes) in q {
+                Self::apply(&mut self.accepted, &t, changes);
+            }
+        }
+    }
+
+    /// Whether the client accepted `name` at `version`, or rejected exactly that version.
+    pub fn has_or_rejected(&self, t: &str, name: &str, version: &str) -> bool {
+        self.accepted.holds_version(t, name, version)
+            || self
+                .rejected
+                .contains(&(t.to_string(), name.to_string(), version.to_string()))
+    }
 }
 
 /// Whether the store holds a variant of `name` at `version`.
