@@ -726,6 +726,7 @@ impl DeltaStream {
             candidates.extend(ts.known.keys().map(|l| l.name.clone()));
         }
 
+        let errors_possible = store.may_have_errors(type_url);
         let mut out = Builder::default();
         let mut candidates: VecDeque<Name> = candidates.into_iter().collect();
         // Glob collections whose emptiness may have changed (A28).
@@ -825,6 +826,9 @@ impl DeltaStream {
                 );
             }
             // TP3: report an upstream error for a subscribed name once, until the resource arrives.
+            if !errors_possible {
+                continue;
+            }
             if let Some(err) = store.error(type_url, &name) {
                 if ts.explicit.contains_key(&name) && ts.errors_sent.insert(name.clone()) {
                     out.errors.push(err.clone());

@@ -56,6 +56,9 @@ struct TypeStore {
     /// The largest encoded resource of the type seen so far: a bound that lets response building
     /// skip per-name size checks while a response is far from its limit.
     largest: usize,
+    /// An upstream error was ever stored for a name of this type (never cleared): until then,
+    /// response building skips the per-name error lookup, which showed in join profiles.
+    had_errors: bool,
 }
 
 impl TypeStore {
@@ -278,6 +281,11 @@ impl Store {
             .get(type_url)
             .and_then(|t| t.names.get(name))
             .and_then(|e| e.error.as_ref())
+    }
+
+    /// False only if no name of the type can have an error (see [`Store::error`]).
+    pub fn may_have_errors(&self, type_url: &str) -> bool {
+        self.types.get(type_url).is_some_and(|t| t.had_errors)
     }
 
     pub fn wildcard_synced(&self, type_url: &str) -> bool {
@@ -557,6 +565,7 @@ impl Store {
                 continue;
             };
             ts.names.entry(name.clone()).or_default().error = Some(err);
+            ts.had_errors = true;
             changed.push(name);
         }
         changed.sort();
