@@ -20,14 +20,12 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adsrelay::downstream::limits::{self, RequestShape, StreamLimits};
+use adsrelay::downstream::limits::StreamLimits;
 use adsrelay::pb::discovery::{DeltaDiscoveryRequest, ResourceLocator};
 use adsrelay::pb::rpc;
 use adsrelay::pb::wire;
 use adsrelay::xds::constraints::{self, Params};
-use adsrelay::xds::{
-    DeltaStream, GroupState, Locator, Lookup, ProtocolError, StreamCore, WILDCARD,
-};
+use adsrelay::xds::{DeltaStream, GroupState, Locator, Lookup, WILDCARD};
 use adsrelay_fuzz::*;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -268,26 +266,8 @@ fn reply(type_url: &str, nonce: String, nack: bool) -> DeltaDiscoveryRequest {
 impl Harness {
     /// The adapter's request path (downstream/stream.rs handle_request), plus model checks.
     fn request(&mut self, req: DeltaDiscoveryRequest) -> Result<(), End> {
-        limits::check_request(&req, &self.limits).map_err(|_| End::Refused)?;
-        // As the adapter does: a request over max_subscriptions is refused and changes nothing.
-        let before = (self.stream.subscriptions(), self.stream.view(true));
-        let effects = match self.stream.on_request_within(
-            &req,
-            self.subscriptions,
-            req.subscribe_entries(),
-            self.limits.max_subscriptions,
-        ) {
-            Ok(effects) => effects,
-            Err(ProtocolError::TooManySubscriptions { .. }) => {
-                assert_eq!(
-                    (self.stream.subscriptions(), self.stream.view(true)),
-                    before,
-                    "a refused request changed the stream"
-                );
-                return Err(End::Refused);
-            }
-            Err(_) => return Err(End::Refused),
-        };
+        let effects = admit_request(&mut self.stream, &req, self.subscriptions, &self.limits)
+            .ok_or(End::Refused)?;
         self.model_request(&req);
         if !req.response_nonce.is_empty() {
             let nacked = req.error_detail.is_some();

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adsrelay::downstream::limits::{self, RequestShape, StreamLimits};
+use adsrelay::downstream::limits::StreamLimits;
 use adsrelay::pb::core::Node;
 use adsrelay::pb::discovery::{DiscoveryRequest, ResourceLocator};
 use adsrelay::pb::rpc;
@@ -25,7 +25,7 @@ use adsrelay::pb::wire;
 use adsrelay::xds::constraints::Params;
 use adsrelay::xds::resource::RESOURCE_TYPE_URL;
 use adsrelay::xds::sotw::is_full_state;
-use adsrelay::xds::{GroupState, Locator, Lookup, ProtocolError, SotwStream, StreamCore, WILDCARD};
+use adsrelay::xds::{GroupState, Locator, Lookup, SotwStream, WILDCARD};
 use adsrelay_fuzz::*;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -237,26 +237,8 @@ impl Model {
 
 impl Harness {
     fn request(&mut self, req: DiscoveryRequest) -> Result<(), End> {
-        limits::check_request(&req, &self.limits).map_err(|_| End::Refused)?;
-        // As the adapter does: a request over max_subscriptions is refused and changes nothing.
-        let before = (self.stream.subscriptions(), self.stream.view(true));
-        let effects = match self.stream.on_request_within(
-            &req,
-            self.subscriptions,
-            req.subscribe_entries(),
-            self.limits.max_subscriptions,
-        ) {
-            Ok(effects) => effects,
-            Err(ProtocolError::TooManySubscriptions { .. }) => {
-                assert_eq!(
-                    (self.stream.subscriptions(), self.stream.view(true)),
-                    before,
-                    "a refused request changed the stream"
-                );
-                return Err(End::Refused);
-            }
-            Err(_) => return Err(End::Refused),
-        };
+        let effects = admit_request(&mut self.stream, &req, self.subscriptions, &self.limits)
+            .ok_or(End::Refused)?;
         self.model_request(&req);
         if !req.response_nonce.is_empty() {
             let nacked = req.error_detail.is_some();

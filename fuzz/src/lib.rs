@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use adsrelay::downstream::limits::{self, RequestShape, StreamLimits};
 use adsrelay::pb::discovery::dynamic_parameter_constraints::single_constraint::ConstraintType;
 use adsrelay::pb::discovery::dynamic_parameter_constraints::{SingleConstraint, Type};
 use adsrelay::pb::discovery::{
@@ -13,7 +14,9 @@ use adsrelay::pb::discovery::{
 };
 use adsrelay::pb::rpc;
 use adsrelay::xds::constraints::{self, ConstraintKey, Params};
-use adsrelay::xds::{CachedResource, Store, UpstreamUpdate};
+use adsrelay::xds::{
+    CachedResource, ProtocolError, RequestEffects, Store, StreamCore, UpstreamUpdate,
+};
 use bytes::Bytes;
 use prost::Message;
 
@@ -503,4 +506,33 @@ pub fn selections_differ<'a>(
         }
     }
     seen.len() > 1
+}
+
+/// The adapter's admission of one request (downstream/stream.rs `handle`): its shape, then the
+/// state machine within the subscription limit. `None`: refused (the stream ends); a request
+/// refused for the limit must leave the stream exactly as it was.
+pub fn admit_request<C>(
+    stream: &mut C,
+    req: &C::Request,
+    held: usize,
+    limits: &StreamLimits,
+) -> Option<RequestEffects>
+where
+    C: StreamCore,
+    C::Request: RequestShape,
+{
+    limits::check_request(req, limits).ok()?;
+    let before = (stream.subscriptions(), stream.view(true));
+    match stream.on_request_within(req, held, req.subscribe_entries(), limits.max_subscriptions) {
+        Ok(effects) => Some(effects),
+        Err(ProtocolError::TooManySubscriptions { .. }) => {
+            assert_eq!(
+                (stream.subscriptions(), stream.view(true)),
+                before,
+                "a refused request changed the stream"
+            );
+            None
+        }
+        Err(_) => None,
+    }
 }
