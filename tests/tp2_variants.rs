@@ -562,22 +562,7 @@ async fn a20_name_and_locator_selecting_one_resource_send_it_once() {
 fn b20_sotw_same_name_subscriptions_sent_alike_hold_the_name_in_turn() {
     use adsrelay::pb::discovery::DiscoveryRequest;
     use adsrelay::xds::{SotwStream, Store};
-    let unconstrained = Resource {
-        name: "d".into(),
-        version: "2".into(),
-        resource: Some(prost_types::Any {
-            type_url: EDS.into(),
-            value: b"d/any@2".to_vec(),
-        }),
-        ..Default::default()
-    };
-    let store = Store::complete(vec![
-        variant("d", "prod", "1"),
-        (
-            EDS.to_string(),
-            CachedResource::decode(unconstrained.encode_to_vec().into()).unwrap(),
-        ),
-    ]);
+    let store = Store::complete(vec![variant("d", "prod", "1"), unconstrained("d", "2")]);
     // The body of each resource, unwrapping `Resource` wrappers (sent to locator subscribers).
     let bodies = |r: &adsrelay::pb::wire::DiscoveryResponse| -> Vec<String> {
         r.resources
@@ -638,24 +623,9 @@ fn b20_sotw_same_name_subscriptions_sent_alike_hold_the_name_in_turn() {
 #[test]
 fn a20_b20_delta_name_that_changes_hands_is_added_without_being_removed() {
     use adsrelay::xds::{ChangeSet, DeltaStream, Store};
-    let unconstrained = |version: &str| {
-        let r = Resource {
-            name: "d".into(),
-            version: version.into(),
-            resource: Some(prost_types::Any {
-                type_url: EDS.into(),
-                value: format!("d/any@{version}").into_bytes(),
-            }),
-            ..Default::default()
-        };
-        (
-            EDS.to_string(),
-            CachedResource::decode(r.encode_to_vec().into()).unwrap(),
-        )
-    };
     // `d` by plain name (default parameters env=prod) and by a locator for env=test: both select
     // the unconstrained `d`, which the client holds once, by plain name.
-    let before = Store::complete(vec![unconstrained("1")]);
+    let before = Store::complete(vec![unconstrained("d", "1")]);
     let params = std::collections::BTreeMap::from([("env".to_string(), "prod".to_string())]);
     let mut s = DeltaStream::with_default_params(params);
     s.on_request(&DeltaDiscoveryRequest {

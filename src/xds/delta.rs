@@ -893,14 +893,17 @@ impl DeltaStream {
         // A20: nothing is added and removed under one wire identity in one response. When one
         // subscription of a name lost its match while another of the same name gained one sent
         // alike (B20), the add replaces what the client held: the removal is dropped.
-        let added = &out.added;
-        out.removed.retain(|n| {
-            !added.contains_key(&(Name::from(n.as_str()), ConstraintKey::default(), true))
-        });
-        out.removed_variants.retain(|rn| {
-            let key = constraints::key(rn.dynamic_parameter_constraints.as_ref());
-            !added.contains_key(&(Name::from(rn.name.as_str()), key, false))
-        });
+        // Removals are rare, so the common response skips this.
+        if !out.added.is_empty() {
+            let added = &out.added;
+            out.removed.retain(|n| {
+                !added.contains_key(&(Name::from(n.as_str()), ConstraintKey::default(), true))
+            });
+            out.removed_variants.retain(|rn| {
+                let key = constraints::key(rn.dynamic_parameter_constraints.as_ref());
+                !added.contains_key(&(Name::from(rn.name.as_str()), key, false))
+            });
+        }
 
         // Without a wildcard (A27's first VHDS request) there is nothing to wait for.
         let answer_owed = ts.owe_response && synced;

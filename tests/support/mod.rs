@@ -389,6 +389,24 @@ pub fn env_is(v: &str) -> DynamicParameterConstraints {
     }
 }
 
+/// EDS resource `name` with no constraints (every parameter set selects it); its body reads
+/// `name/any@version`.
+pub fn unconstrained(name: &str, version: &str) -> (String, CachedResource) {
+    let r = Resource {
+        name: name.into(),
+        version: version.into(),
+        resource: Some(prost_types::Any {
+            type_url: EDS.into(),
+            value: format!("{name}/any@{version}").into_bytes(),
+        }),
+        ..Default::default()
+    };
+    (
+        EDS.to_string(),
+        CachedResource::decode(r.encode_to_vec().into()).unwrap(),
+    )
+}
+
 /// A variant of EDS resource `name` for `env == <env>`; its body reads `name/env@version`.
 pub fn variant(name: &str, env: &str, version: &str) -> (String, CachedResource) {
     let r = Resource {
