@@ -22,7 +22,7 @@ use super::constraints::{self, ConstraintKey, Params};
 use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeView};
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
-use super::resource::{canonical_name, CachedResource, Locator, Name, SubscriptionStamps};
+use super::resource::{canonical_name, CachedResource, Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
 use super::unacked::Unacked;
 use super::xdstp;
@@ -95,8 +95,9 @@ struct TypeState {
     pending_all: bool,
     /// Subscriptions that must be sent even if the client holds the current version (A6, A7).
     forced: BTreeSet<Locator>,
-    /// Store sequence at subscription time, for `do_not_cache` content (D2).
-    stamps: SubscriptionStamps,
+    /// Subscriptions added since the adapter last reported the store sequence: their stamp
+    /// (in `explicit`) is set by [`DeltaStream::subscribed_at`]. Emptied, capacity and all, then.
+    unstamped: Vec<Locator>,
     /// Names whose TTL the upstream refreshed: forward the heartbeat to holders of that version.
     heartbeats: BTreeSet<Name>,
     /// Resource errors already reported to the client (TP3: sent once).
@@ -187,30 +188,64 @@ impl TypeState {
     }
 }
 
-/// The parameter sets a name is subscribed with on one stream, and whether each came by plain
-/// name. Nearly always one: a sorted `Vec` costs a tenth of a map per name, and this is held per
-/// client per subscribed name.
+/// The parameter sets a name is subscribed with on one stream: whether each came by plain name,
+/// and the store sequence at which the group applied it (D2: `do_not_cache` content is served
+/// only to subscriptions that were waiting when it arrived; `u64::MAX` until the adapter reports
+/// it). Nearly always one: a sorted `Vec` costs a tenth of a map per name, and this is held per
+/// client per subscribed name. The stamp lives here, not in a map of its own, because a map per
+/// stream keyed by locator cost ~2 KiB per client.
 #[derive(Debug, Default, Clone)]
-struct ParamSets(Vec<(Arc<Params>, bool)>);
+struct ParamSets(Vec<Subscription>);
+
+#[derive(Debug, Clone)]
+struct Subscription {
+    params: Arc<Params>,
+    by_name: bool,
+    since: u64,
+}
 
 impl ParamSets {
     fn find(&self, params: &Arc<Params>) -> Result<usize, usize> {
-        self.0.binary_search_by(|(p, _)| p.cmp(params))
+        self.0.binary_search_by(|s| s.params.cmp(params))
     }
 
-    /// Adds `params`; returns the previous `by_name` if it was there.
+    /// Adds `params` (not yet stamped); returns the previous `by_name` if it was there (its
+    /// stamp stays: the subscription did not start again).
     fn insert(&mut self, params: Arc<Params>, by_name: bool) -> Option<bool> {
         match self.find(&params) {
-            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, by_name)),
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].by_name, by_name)),
             Err(i) => {
-                self.0.insert(i, (params, by_name));
+                self.0.insert(
+                    i,
+                    Subscription {
+                        params,
+                        by_name,
+                        since: u64::MAX,
+                    },
+                );
                 None
             }
         }
     }
 
     fn remove(&mut self, params: &Arc<Params>) -> Option<bool> {
-        self.find(params).ok().map(|i| self.0.remove(i).1)
+        self.find(params).ok().map(|i| self.0.remove(i).by_name)
+    }
+
+    /// Stamps `params` with `seq` if it is still subscribed and not yet stamped.
+    fn stamp(&mut self, params: &Arc<Params>, seq: u64) {
+        if let Ok(i) = self.find(params) {
+            let since = &mut self.0[i].since;
+            if *since == u64::MAX {
+                *since = seq;
+            }
+        }
+    }
+
+    /// The store sequence at which the subscription with `params` was applied (`u64::MAX`: not
+    /// yet, or not subscribed).
+    fn since(&self, params: &Arc<Params>) -> u64 {
+        self.find(params).map_or(u64::MAX, |i| self.0[i].since)
     }
 
     fn contains_key(&self, params: &Arc<Params>) -> bool {
@@ -218,7 +253,7 @@ impl ParamSets {
     }
 
     fn keys(&self) -> impl Iterator<Item = &Arc<Params>> {
-        self.0.iter().map(|(p, _)| p)
+        self.0.iter().map(|s| &s.params)
     }
 
     fn len(&self) -> usize {
@@ -233,11 +268,11 @@ impl ParamSets {
 impl<'a> IntoIterator for &'a ParamSets {
     type Item = (&'a Arc<Params>, &'a bool);
     type IntoIter = std::iter::Map<
-        std::slice::Iter<'a, (Arc<Params>, bool)>,
-        fn(&'a (Arc<Params>, bool)) -> (&'a Arc<Params>, &'a bool),
+        std::slice::Iter<'a, Subscription>,
+        fn(&'a Subscription) -> (&'a Arc<Params>, &'a bool),
     >;
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter().map(|(p, b)| (p, b))
+        self.0.iter().map(|s| (&s.params, &s.by_name))
     }
 }
 
@@ -440,7 +475,7 @@ impl DeltaStream {
             match params.insert(l.params.clone(), by_name) {
                 None => {
                     effects.acquire.push(l.clone());
-                    ts.stamps.added(l.clone());
+                    ts.unstamped.push(l.clone());
                     // A locator with the default parameters names what the wildcard or the
                     // initial versions held by plain name: the client tells the two forms apart
                     // (E9), so that is not this subscription's.
@@ -497,7 +532,6 @@ impl DeltaStream {
                 ts.explicit.remove(&l.name);
             }
             effects.release.push(l.clone());
-            ts.stamps.removed(&l);
             if ts.wildcard && l.params == defaults {
                 // A6: the client now holds it ambiguously; answer with the resource or a removal.
                 ts.pending.insert(l.name.clone());
@@ -575,7 +609,11 @@ impl DeltaStream {
     /// `seq`: `do_not_cache` content that arrived before then is not for these subscriptions.
     pub fn subscribed_at(&mut self, seq: u64) {
         for ts in self.types.values_mut() {
-            ts.stamps.stamp(seq);
+            for l in std::mem::take(&mut ts.unstamped) {
+                if let Some(params) = ts.explicit.get_mut(&l.name) {
+                    params.stamp(&l.params, seq);
+                }
+            }
         }
     }
 
@@ -1020,7 +1058,10 @@ impl DeltaStream {
                     // A glob's members were subscribed (and are refetched) by the glob.
                     let via = Self::via_glob(ts, l);
                     let sub = via.as_ref().unwrap_or(l);
-                    let since = ts.stamps.get(sub).unwrap_or(u64::MAX);
+                    let since = ts
+                        .explicit
+                        .get(&sub.name)
+                        .map_or(u64::MAX, |p| p.since(&sub.params));
                     if r.arrival <= since {
                         refetch.push((type_url.to_string(), sub.clone()));
                         return;

@@ -24,8 +24,9 @@ pub struct Locator {
     pub params: Arc<Params>,
 }
 
-/// The store sequence at which each subscription of a stream was applied to its group, so
+/// The store sequence at which each subscription of a SotW stream was applied to its group, so
 /// `do_not_cache` content is served only to subscriptions that were waiting when it arrived (D2).
+/// (Delta keeps the stamp beside each subscription instead.)
 #[derive(Debug, Default, Clone)]
 pub struct SubscriptionStamps {
     at: std::collections::HashMap<Locator, u64>,
@@ -42,9 +43,10 @@ impl SubscriptionStamps {
         self.at.remove(l);
     }
 
-    /// The group applied every subscription added so far when its store was at `seq`.
+    /// The group applied every subscription added so far when its store was at `seq`. The list
+    /// is taken, not drained: a join's list would otherwise keep its capacity for the stream's life.
     pub fn stamp(&mut self, seq: u64) {
-        for l in self.unstamped.drain(..) {
+        for l in std::mem::take(&mut self.unstamped) {
             self.at.insert(l, seq);
         }
     }
