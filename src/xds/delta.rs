@@ -25,7 +25,7 @@ use super::interest::WILDCARD;
 use super::resource::{canonical_name, CachedResource, Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
 use super::unacked::Unacked;
-use super::xdstp;
+use super::{names, xdstp};
 use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceError, ResourceName};
 use crate::pb::wire;
 
@@ -215,6 +215,8 @@ impl ParamSets {
         match self.find(&params) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].by_name, by_name)),
             Err(i) => {
+                // A first push would reserve room for four; nearly every name keeps one.
+                self.0.reserve_exact(1);
                 self.0.insert(
                     i,
                     Subscription {
@@ -374,9 +376,7 @@ impl Builder {
 /// before any other, so `range(first_of(name)..)` while the name matches is every locator of that
 /// name. Builds run per name per response, so they must not scan everything the client holds.
 fn first_of(name: &Name) -> Locator {
-    static NO_PARAMS: std::sync::LazyLock<Arc<Params>> =
-        std::sync::LazyLock::new(|| Arc::new(Params::new()));
-    Locator::with_params(name.clone(), NO_PARAMS.clone())
+    Locator::plain(name.clone())
 }
 
 /// How a client identifies a resource in a response: its plain name (by-name subscribers, and
@@ -463,7 +463,8 @@ impl DeltaStream {
             for (name, version) in &req.initial_resource_versions {
                 let l = Locator::with_params(canonical_name(name), defaults.clone());
                 ts.pending.insert(l.name.clone());
-                ts.known.insert(l, Held::Reported(version.as_str().into()));
+                // Interned: a reconnecting fleet reports the same versions ten thousand times.
+                ts.known.insert(l, Held::Reported(names::intern(version)));
             }
         }
         for (l, by_name) in subscribe {

@@ -1,6 +1,7 @@
 //! The protocol core: no tokio, no tonic, no clock reads. Unit tests drive it directly.
 //!
 //! - [`resource`]: a cached resource, kept as the encoded bytes the upstream sent.
+//! - [`names`]: resource names interned process-wide (one allocation per distinct name).
 //! - [`store`]: one group's resources per type, and what the upstream said does not exist.
 //! - [`interest`]: the refcounted union of downstream interest -> upstream subscribe/unsubscribe.
 //! - [`contract`]: what both per-stream state machines implement ([`StreamCore`]) and speak in.
@@ -20,6 +21,7 @@ pub mod delta;
 pub mod frame;
 pub mod group;
 pub mod interest;
+pub mod names;
 pub mod resource;
 pub mod sotw;
 pub mod store;

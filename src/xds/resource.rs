@@ -7,7 +7,7 @@ use bytes::Bytes;
 use prost::Message;
 
 use super::constraints::{self, ConstraintKey, Params};
-use super::xdstp;
+use super::{names, xdstp};
 use crate::pb::discovery::{DynamicParameterConstraints, ResourceName};
 use crate::pb::wire::ResourceHeader;
 
@@ -56,6 +56,12 @@ impl SubscriptionStamps {
     }
 }
 
+/// The empty parameter set, shared rather than allocated per plain locator.
+pub fn no_params() -> Arc<Params> {
+    static EMPTY: std::sync::LazyLock<Arc<Params>> = std::sync::LazyLock::new(Arc::default);
+    EMPTY.clone()
+}
+
 /// `name`, or `name{k=v,...}` with parameters (logs, tests).
 impl std::fmt::Display for Locator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -76,7 +82,7 @@ impl Locator {
     pub fn plain(name: impl Into<Name>) -> Self {
         Locator {
             name: name.into(),
-            params: Arc::default(),
+            params: no_params(),
         }
     }
 
@@ -117,11 +123,11 @@ impl Locator {
 }
 
 /// The name under which the relay keys `name`: the canonical form of a valid xdstp name (A29),
-/// anything else as it is.
+/// anything else as it is; interned, so every holder of a name shares one allocation.
 pub fn canonical_name(name: &str) -> Name {
     match xdstp::canonical(name) {
-        Ok(c) => Name::from(&*c),
-        Err(_) => Name::from(name),
+        Ok(c) => names::intern(&c),
+        Err(_) => names::intern(name),
     }
 }
 
@@ -221,7 +227,7 @@ impl CachedResource {
         Ok(CachedResource {
             aliases: header.aliases.iter().map(|a| canonical_name(a)).collect(),
             unresolved_alias,
-            name: name.into(),
+            name: names::intern(&name),
             version: header.version,
             body_type_url: header.resource.map(|a| a.type_url).unwrap_or_default(),
             do_not_cache: header.cache_control.is_some_and(|c| c.do_not_cache),

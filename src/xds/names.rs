@@ -1,0 +1,79 @@
+//! One allocation per distinct resource name in the whole process.
+//!
+//! Ten thousand clients subscribing to the same ClusterLoadAssignment each send its name; kept as
+//! sent, every client's subscriptions, held records and the store would each own a copy. Names
+//! taken in through [`intern`] share one `Arc<str>` instead, so a name costs its bytes once plus a
+//! pointer per holder.
+//!
+//! The pool holds every name it handed out. Names nobody else holds any more are dropped by a
+//! sweep when a shard has doubled since its last sweep, so the pool stays within about twice the
+//! live names and a sweep's cost is amortized over the insertions that triggered it. Sharded so
+//! that streams on different threads rarely wait for each other.
+
+use std::collections::HashSet;
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::sync::{LazyLock, Mutex};
+
+use super::resource::Name;
+use crate::sync::lock;
+
+const SHARDS: usize = 16;
+/// A shard is not swept before it holds this many names.
+const MIN_SWEEP: usize = 256;
+
+#[derive(Default)]
+struct Shard {
+    names: HashSet<Name>,
+    /// Names left after the last sweep.
+    after_sweep: usize,
+}
+
+static POOL: LazyLock<[Mutex<Shard>; SHARDS]> =
+    LazyLock::new(|| std::array::from_fn(|_| Mutex::default()));
+
+/// The shared `Name` for `name`.
+pub fn intern(name: &str) -> Name {
+    let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(name);
+    let mut shard = lock(&POOL[hash as usize % SHARDS]);
+    if let Some(n) = shard.names.get(name) {
+        return n.clone();
+    }
+    if shard.names.len() >= (2 * shard.after_sweep).max(MIN_SWEEP) {
+        // Only the pool holds such a name, and only under this lock could anyone get it.
+        shard.names.retain(|n| std::sync::Arc::strong_count(n) > 1);
+        shard.after_sweep = shard.names.len();
+    }
+    let n = Name::from(name);
+    shard.names.insert(n.clone());
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn equal_names_share_one_allocation() {
+        let a = intern("names-test-cluster-a");
+        let b = intern(&String::from("names-test-cluster-a"));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &intern("names-test-cluster-b")));
+    }
+
+    #[test]
+    fn names_nobody_holds_are_dropped_by_a_later_sweep() {
+        let kept = intern("names-test-kept");
+        let dropped = Arc::downgrade(&intern("names-test-dropped"));
+        // Enough new names to make every shard sweep at least once.
+        let fill: Vec<Name> = (0..SHARDS * MIN_SWEEP * 4)
+            .map(|i| intern(&format!("names-test-fill-{i}")))
+            .collect();
+        assert!(
+            dropped.upgrade().is_none(),
+            "an unheld name stays in the pool"
+        );
+        assert!(Arc::ptr_eq(&kept, &intern("names-test-kept")));
+        drop(fill);
+    }
+}
