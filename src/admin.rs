@@ -27,7 +27,7 @@ use crate::csds::TypeAck;
 use crate::group::UpstreamStatus;
 use crate::logging;
 use crate::relay::Relay;
-use crate::sync::lock;
+use crate::sync::{lock, read};
 
 #[derive(Debug, Serialize)]
 struct GroupReadiness {
@@ -84,7 +84,7 @@ fn readiness(relay: &Relay) -> Readiness {
         .iter()
         .map(|g| {
             let upstream = lock(&g.status).clone();
-            let subscriptions = lock(&g.state).interest().upstream_subscription_count();
+            let subscriptions = read(&g.state).interest().upstream_subscription_count();
             let state = if !upstream.synced_once && g.seeded_as_of.is_some() {
                 "serving_snapshot"
             } else if !upstream.synced_once {
@@ -276,7 +276,7 @@ fn debug_cache(relay: &Relay, q: &CacheQuery) -> CacheDump {
         if q.group.as_ref().is_some_and(|want| *want != g.name) {
             continue;
         }
-        let state = lock(&g.state);
+        let state = read(&g.state);
         let mut type_urls: Vec<&str> = state
             .store()
             .type_urls()
@@ -433,7 +433,7 @@ fn debug_upstreams(relay: &Relay) -> Vec<UpstreamInfo> {
         .map(|g| UpstreamInfo {
             group: g.name.clone(),
             clients: g.stream_count(),
-            subscriptions: lock(&g.state)
+            subscriptions: read(&g.state)
                 .interest()
                 .upstream_subscriptions_by_type()
                 .into_iter()

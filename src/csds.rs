@@ -23,7 +23,7 @@ use crate::pb::csds::{ClientConfig, ClientStatusRequest, ClientStatusResponse, C
 use crate::pb::envoy::admin::v3::{ClientResourceStatus, UpdateFailureState};
 use crate::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, NodeMatcher};
 use crate::relay::Relay;
-use crate::sync::lock;
+use crate::sync::read;
 use crate::xds::{Lookup, TypeView};
 
 /// Where a type of one client stands.
@@ -151,7 +151,7 @@ fn client_config(relay: &Relay, client: &ClientEntry, contents: bool) -> ClientC
         // Bodies and existence from the store, under the group lock, copying only what is needed.
         let (bodies, absent): (Vec<Option<prost_types::Any>>, Vec<bool>) = match &group {
             Some(g) => {
-                let state = lock(&g.state);
+                let state = read(&g.state);
                 let bodies = ts
                     .resources
                     .iter()

@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
 use dashmap::DashMap;
@@ -51,7 +51,9 @@ pub struct UpstreamStatus {
 #[derive(Debug)]
 pub struct Group {
     pub name: String,
-    pub state: Mutex<GroupState>,
+    /// Read-locked by every stream building a response (they run in parallel); write-locked to
+    /// apply subscriptions, upstream responses and expiry.
+    pub state: RwLock<GroupState>,
     pub status: Mutex<UpstreamStatus>,
     streams: DashMap<StreamId, Arc<Mailbox>>,
     /// Wakes the upstream task when the interest changed.
@@ -78,7 +80,7 @@ impl Group {
     ) -> Self {
         Group {
             name,
-            state: Mutex::new(state),
+            state: RwLock::new(state),
             status: Mutex::new(UpstreamStatus::default()),
             streams: DashMap::new(),
             upstream_wake: Notify::new(),

@@ -17,7 +17,7 @@ use crate::group::Group;
 use crate::grouping::{identity_digest, same_identity, Assignment, Grouping};
 use crate::metrics::{GroupScrape, Metrics, ScrapeState, StreamRejection};
 use crate::pb::core::Node;
-use crate::sync::lock;
+use crate::sync::{lock, read, write};
 use crate::token_bucket::TokenBucket;
 use crate::xds::constraints::Params;
 use crate::xds::{GroupState, Locator, RequestEffects, Store, StreamId};
@@ -91,7 +91,7 @@ impl Relay {
             s.streams[c.protocol as usize] += 1;
         }
         for g in self.groups() {
-            let stats = lock(&g.state).stats();
+            let stats = read(&g.state).stats();
             let status = lock(&g.status).clone();
             s.groups.push(GroupScrape {
                 group: g.name.clone(),
@@ -237,7 +237,7 @@ impl StreamHost for Relay {
     }
 
     fn on_effects(&self, group: &Arc<Group>, id: StreamId, effects: &RequestEffects) -> u64 {
-        let applied = lock(&group.state).apply_effects(id, effects, Instant::now());
+        let applied = write(&group.state).apply_effects(id, effects, Instant::now());
         self.metrics
             .cache_lookups(&effects.type_url, applied.cache_hits, applied.cache_misses);
         group.upstream_wake.notify_one();
@@ -246,7 +246,7 @@ impl StreamHost for Relay {
 
     fn refetch(&self, group: &Arc<Group>, locators: Vec<(String, Locator)>) {
         let now = Instant::now();
-        let mut state = lock(&group.state);
+        let mut state = write(&group.state);
         for (type_url, l) in &locators {
             state.refetch(type_url, l, now);
         }
@@ -255,13 +255,13 @@ impl StreamHost for Relay {
     }
 
     fn with_store<R>(&self, group: &Arc<Group>, f: impl FnOnce(&Store) -> R) -> R {
-        f(lock(&group.state).store())
+        f(read(&group.state).store())
     }
 
     fn close(&self, group: Arc<Group>, id: StreamId, held: Vec<(String, Locator)>) {
         self.clients.remove(&id);
         group.detach(id);
-        lock(&group.state).remove_stream(id, &held, Instant::now());
+        write(&group.state).remove_stream(id, &held, Instant::now());
         group.upstream_wake.notify_one();
     }
 

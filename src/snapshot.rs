@@ -584,7 +584,12 @@ fn collect(relay: &impl Host, clock: Clock) -> Snapshot {
             // Never synced, nothing restored: nothing worth keeping.
             continue;
         };
-        let seed = export_group(&lock(&g.state), &g.upstream_node, as_of, clock.instant);
+        let seed = export_group(
+            &crate::sync::read(&g.state),
+            &g.upstream_node,
+            as_of,
+            clock.instant,
+        );
         groups.insert(g.name.clone(), seed);
     }
     for (name, seed) in lock(&relay.snapshot_state().pending).iter() {

@@ -19,7 +19,7 @@ use crate::group::Group;
 use crate::pb::discovery::DeltaDiscoveryRequest;
 use crate::pb::relay_ads::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::pb::wire::DeltaDiscoveryResponse;
-use crate::sync::lock;
+use crate::sync::{lock, write};
 use crate::xds::{UpstreamSession, Verdict};
 
 #[derive(Debug, thiserror::Error)]
@@ -108,7 +108,7 @@ struct Attempt {
 pub async fn housekeeping(group: Arc<Group>, mut shutdown: watch::Receiver<bool>) {
     loop {
         let now = Instant::now();
-        let next = lock(&group.state)
+        let next = write(&group.state)
             .next_deadline()
             .map_or(now + Duration::from_secs(1), |d| {
                 d.min(now + Duration::from_secs(1))
@@ -117,7 +117,7 @@ pub async fn housekeeping(group: Arc<Group>, mut shutdown: watch::Receiver<bool>
             () = tokio::time::sleep_until(next.into()) => {}
             _ = shutdown.changed() => return,
         }
-        let expired = lock(&group.state).expire(Instant::now());
+        let expired = write(&group.state).expire(Instant::now());
         for (changes, affected) in expired {
             if changes.wildcard_synced_now {
                 warn!(type_url = %changes.type_url, wait = ?crate::xds::interest::WILDCARD_WAIT,
@@ -225,7 +225,7 @@ async fn one_stream(
     let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(1024);
 
     // C4: one request per type with everything still wanted and the versions held for it.
-    let initial = protocol.initial_requests(&mut lock(&group.state), attempt.send_versions);
+    let initial = protocol.initial_requests(&mut write(&group.state), attempt.send_versions);
     // A resync counts the first response per type (within the window) as the reconciliation.
     let mut resync_types: std::collections::HashSet<String> = if attempt.resync {
         initial.iter().map(|r| r.type_url.clone()).collect()
@@ -276,7 +276,7 @@ async fn one_stream(
             () = sleep_until_opt(resync_at) => return Err(SessionError::Resync),
             () = group.upstream_wake.notified() => {
                 send_interest_changes(group, protocol, &tx).await?;
-                if lock(&group.state).take_resync() {
+                if write(&group.state).take_resync() {
                     // A wildcard taken again after it lapsed got no answer: the server may hold
                     // names as sent that the cache forgot. A new stream resends them (C4).
                     warn!("re-establishing the upstream stream: a wildcard taken again after it lapsed was not answered");
@@ -299,7 +299,7 @@ async fn send_interest_changes(
     protocol: &UpstreamSession,
     tx: &mpsc::Sender<DeltaDiscoveryRequest>,
 ) -> Result<(), SessionError> {
-    let requests = protocol.interest_requests(&mut lock(&group.state), Instant::now());
+    let requests = protocol.interest_requests(&mut write(&group.state), Instant::now());
     for req in requests {
         debug!(type_url = %req.type_url, subscribe = ?req.resource_names_subscribe,
             unsubscribe = ?req.resource_names_unsubscribe,
@@ -327,7 +327,7 @@ fn on_response(
 ) -> Result<(DeltaDiscoveryRequest, usize), SessionError> {
     let (type_url, nonce) = (resp.type_url.clone(), resp.nonce.clone());
     let outcome = protocol
-        .on_response(&mut lock(&group.state), resp, Instant::now())
+        .on_response(&mut write(&group.state), resp, Instant::now())
         .map_err(|e| SessionError::Protocol(e.to_string()))?;
     if outcome.interest_changed {
         group.upstream_wake.notify_one();
