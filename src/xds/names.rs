@@ -12,10 +12,13 @@
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
-use super::resource::Name;
 use crate::sync::lock;
+
+/// Resource names are shared by the store, every subscriber index and every pending set, so they are
+/// reference counted rather than copied per client.
+pub type Name = Arc<str>;
 
 const SHARDS: usize = 16;
 /// A shard is not swept before it holds this many names.
@@ -40,7 +43,7 @@ pub fn intern(name: &str) -> Name {
     }
     if shard.names.len() >= (2 * shard.after_sweep).max(MIN_SWEEP) {
         // Only the pool holds such a name, and only under this lock could anyone get it.
-        shard.names.retain(|n| std::sync::Arc::strong_count(n) > 1);
+        shard.names.retain(|n| Arc::strong_count(n) > 1);
         shard.after_sweep = shard.names.len();
     }
     let n = Name::from(name);
@@ -51,7 +54,6 @@ pub fn intern(name: &str) -> Name {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn equal_names_share_one_allocation() {

@@ -11,9 +11,7 @@ use super::{names, xdstp};
 use crate::pb::discovery::{DynamicParameterConstraints, ResourceName};
 use crate::pb::wire::ResourceHeader;
 
-/// Resource names are shared by the store, every subscriber index and every pending set, so they are
-/// reference counted rather than copied per client.
-pub type Name = Arc<str>;
+pub use super::names::Name;
 
 /// What a client subscribes to: a name and the dynamic parameters it subscribed with (empty for a
 /// plain `resource_names_subscribe` entry). Equal parameter sets compare equal, so upstream
