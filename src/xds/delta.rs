@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 
 use super::constraints::{self, ConstraintKey, Params};
 use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeView};
@@ -191,11 +192,12 @@ impl TypeState {
 /// The parameter sets a name is subscribed with on one stream: whether each came by plain name,
 /// and the store sequence at which the group applied it (D2: `do_not_cache` content is served
 /// only to subscriptions that were waiting when it arrived; `u64::MAX` until the adapter reports
-/// it). Nearly always one: a sorted `Vec` costs a tenth of a map per name, and this is held per
-/// client per subscribed name. The stamp lives here, not in a map of its own, because a map per
-/// stream keyed by locator cost ~2 KiB per client.
+/// it). Nearly always one, kept inline: a sorted list costs a tenth of a map per name, and this is
+/// held per client per subscribed name, so a heap allocation each would cost 50 per client for 50
+/// names. The stamp lives here, not in a map of its own, because a map per stream keyed by locator
+/// cost ~2 KiB per client.
 #[derive(Debug, Default, Clone)]
-struct ParamSets(Vec<Subscription>);
+struct ParamSets(SmallVec<[Subscription; 1]>);
 
 #[derive(Debug, Clone)]
 struct Subscription {
@@ -215,8 +217,6 @@ impl ParamSets {
         match self.find(&params) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].by_name, by_name)),
             Err(i) => {
-                // A first push would reserve room for four; nearly every name keeps one.
-                self.0.reserve_exact(1);
                 self.0.insert(
                     i,
                     Subscription {
