@@ -19,7 +19,7 @@ use crate::group::Group;
 use crate::pb::discovery::DeltaDiscoveryRequest;
 use crate::pb::relay_ads::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::pb::wire::DeltaDiscoveryResponse;
-use crate::sync::{lock, write};
+use crate::sync::{lock, read, write};
 use crate::xds::{UpstreamSession, Verdict};
 
 #[derive(Debug, thiserror::Error)]
@@ -108,7 +108,7 @@ struct Attempt {
 pub async fn housekeeping(group: Arc<Group>, mut shutdown: watch::Receiver<bool>) {
     loop {
         let now = Instant::now();
-        let next = write(&group.state)
+        let next = read(&group.state)
             .next_deadline()
             .map_or(now + Duration::from_secs(1), |d| {
                 d.min(now + Duration::from_secs(1))

@@ -3,7 +3,8 @@
 //! Ten thousand clients subscribing to the same ClusterLoadAssignment each send its name; kept as
 //! sent, every client's subscriptions, held records and the store would each own a copy. Names
 //! taken in through [`intern`] share one `Arc<str>` instead, so a name costs its bytes once plus a
-//! pointer per holder.
+//! pointer per holder. The versions clients report on reconnecting (Delta
+//! `initial_resource_versions`) go through the same pool: a fleet reports the same few.
 //!
 //! The pool holds every name it handed out. Names nobody else holds any more are dropped by a
 //! sweep when a shard has doubled since its last sweep, so the pool stays within about twice the

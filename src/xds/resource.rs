@@ -22,38 +22,6 @@ pub struct Locator {
     pub params: Arc<Params>,
 }
 
-/// The store sequence at which each subscription of a SotW stream was applied to its group, so
-/// `do_not_cache` content is served only to subscriptions that were waiting when it arrived (D2).
-/// (Delta keeps the stamp beside each subscription instead.)
-#[derive(Debug, Default, Clone)]
-pub struct SubscriptionStamps {
-    at: std::collections::HashMap<Locator, u64>,
-    /// Subscriptions made since the adapter last reported the store sequence.
-    unstamped: Vec<Locator>,
-}
-
-impl SubscriptionStamps {
-    pub fn added(&mut self, l: Locator) {
-        self.unstamped.push(l);
-    }
-
-    pub fn removed(&mut self, l: &Locator) {
-        self.at.remove(l);
-    }
-
-    /// The group applied every subscription added so far when its store was at `seq`. The list
-    /// is taken, not drained: a join's list would otherwise keep its capacity for the stream's life.
-    pub fn stamp(&mut self, seq: u64) {
-        for l in std::mem::take(&mut self.unstamped) {
-            self.at.insert(l, seq);
-        }
-    }
-
-    pub fn get(&self, l: &Locator) -> Option<u64> {
-        self.at.get(l).copied()
-    }
-}
-
 /// The empty parameter set, shared rather than allocated per plain locator.
 pub fn no_params() -> Arc<Params> {
     static EMPTY: std::sync::LazyLock<Arc<Params>> = std::sync::LazyLock::new(Arc::default);

@@ -19,7 +19,7 @@ use super::constraints::{ConstraintKey, Params};
 use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeView};
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
-use super::resource::{Locator, Name, SubscriptionStamps};
+use super::resource::{Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
 use super::unacked::Unacked;
 use crate::pb::core::Node;
@@ -71,6 +71,38 @@ struct TypeState {
     last_nonce: Option<String>,
     acked_nonce: Option<String>,
     last_nack: Option<(String, String)>,
+}
+
+/// The store sequence at which each subscription of a stream was applied to its group, so
+/// `do_not_cache` content is served only to subscriptions that were waiting when it arrived (D2).
+/// (Delta keeps the stamp beside each subscription instead, in its per-name parameter list.)
+#[derive(Debug, Default, Clone)]
+struct SubscriptionStamps {
+    at: std::collections::HashMap<Locator, u64>,
+    /// Subscriptions made since the adapter last reported the store sequence.
+    unstamped: Vec<Locator>,
+}
+
+impl SubscriptionStamps {
+    fn added(&mut self, l: Locator) {
+        self.unstamped.push(l);
+    }
+
+    fn removed(&mut self, l: &Locator) {
+        self.at.remove(l);
+    }
+
+    /// The group applied every subscription added so far when its store was at `seq`. The list
+    /// is taken, not drained: a join's list would otherwise keep its capacity for the stream's life.
+    fn stamp(&mut self, seq: u64) {
+        for l in std::mem::take(&mut self.unstamped) {
+            self.at.insert(l, seq);
+        }
+    }
+
+    fn get(&self, l: &Locator) -> Option<u64> {
+        self.at.get(l).copied()
+    }
 }
 
 /// The variant and version of a resource the client holds.

@@ -392,35 +392,37 @@ pub fn env_is(v: &str) -> DynamicParameterConstraints {
 /// EDS resource `name` with no constraints (every parameter set selects it); its body reads
 /// `name/any@version`.
 pub fn unconstrained(name: &str, version: &str) -> (String, CachedResource) {
-    let r = Resource {
+    eds_entry(Resource {
         name: name.into(),
         version: version.into(),
-        resource: Some(prost_types::Any {
-            type_url: EDS.into(),
-            value: format!("{name}/any@{version}").into_bytes(),
-        }),
+        resource: Some(eds_body(name, "any", version)),
         ..Default::default()
-    };
-    (
-        EDS.to_string(),
-        CachedResource::decode(r.encode_to_vec().into()).unwrap(),
-    )
+    })
 }
 
 /// A variant of EDS resource `name` for `env == <env>`; its body reads `name/env@version`.
 pub fn variant(name: &str, env: &str, version: &str) -> (String, CachedResource) {
-    let r = Resource {
+    eds_entry(Resource {
         resource_name: Some(ResourceName {
             name: name.into(),
             dynamic_parameter_constraints: Some(env_is(env)),
         }),
         version: version.into(),
-        resource: Some(prost_types::Any {
-            type_url: EDS.into(),
-            value: format!("{name}/{env}@{version}").into_bytes(),
-        }),
+        resource: Some(eds_body(name, env, version)),
         ..Default::default()
-    };
+    })
+}
+
+/// The body `name/<label>@version` of an EDS resource.
+fn eds_body(name: &str, label: &str, version: &str) -> prost_types::Any {
+    prost_types::Any {
+        type_url: EDS.into(),
+        value: format!("{name}/{label}@{version}").into_bytes(),
+    }
+}
+
+/// An EDS entry for `Store::complete`.
+fn eds_entry(r: Resource) -> (String, CachedResource) {
     (
         EDS.to_string(),
         CachedResource::decode(r.encode_to_vec().into()).unwrap(),
