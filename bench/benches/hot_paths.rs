@@ -5,7 +5,10 @@
 //! - variant selection: one subscriber's variant among 100 parameter sets;
 //! - cache ingest: applying an upstream response of 100 resources of 1 KiB;
 //! - fan-out: one change to 10,000 Delta or SotW subscribers, shared frames against encoding per
-//!   client (no sockets: regressions in the per-client work show without a 10,000-client run).
+//!   client (no sockets: regressions in the per-client work show without a 10,000-client run);
+//! - join and resume: what one client of loadgen's Delta run costs the core from its first request
+//!   to its stream's end, fresh (everything sent) or reconnecting in a storm (everything reported
+//!   in `initial_resource_versions`, nothing sent).
 
 use adsrelay::pb::discovery::dynamic_parameter_constraints::single_constraint::ConstraintType;
 use adsrelay::pb::discovery::dynamic_parameter_constraints::{SingleConstraint, Type};
@@ -13,10 +16,11 @@ use adsrelay::pb::discovery::{
     DeltaDiscoveryRequest, DiscoveryRequest, DynamicParameterConstraints, Resource, ResourceName,
 };
 use adsrelay::xds::constraints::Params;
-use adsrelay::xds::{ChangeSet, DeltaStream, SotwStream, Store, StreamCore};
+use adsrelay::xds::{ChangeSet, DeltaStream, GroupState, SotwStream, Store, StreamCore};
 use bytes::Bytes;
 use divan::{black_box, Bencher};
 use prost::Message;
+use std::time::{Duration, Instant};
 
 const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 
@@ -25,11 +29,15 @@ fn main() {
 }
 
 fn resource(name: &str, version: &str, size: usize) -> Bytes {
+    resource_of(CDS, name, version, size)
+}
+
+fn resource_of(type_url: &str, name: &str, version: &str, size: usize) -> Bytes {
     Resource {
         name: name.into(),
         version: version.into(),
         resource: Some(prost_types::Any {
-            type_url: CDS.into(),
+            type_url: type_url.into(),
             value: vec![7; size],
         }),
         ..Default::default()
@@ -325,5 +333,112 @@ fn fanout_one_change_10k_sotw_full_state_100(bencher: Bencher, how: &str) {
         black_box(fan_out(&mut clients, &store, &changes, how, |c, s| {
             c.next_response(s).map_or(0, |r| r.encode_to_vec().len())
         }))
+    });
+}
+
+const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+/// A group's cache as in loadgen's default Delta run: 50 Clusters and a pool of 1,000
+/// ClusterLoadAssignments, 1 KiB each.
+fn join_group() -> GroupState {
+    let mut store = store_with(50);
+    let eds = (0..1000)
+        .map(|i| resource_of(EDS, &format!("e{i}"), "1", 1024))
+        .collect();
+    store.apply_delta(EDS, eds, vec![], false).unwrap();
+    let mut group = GroupState::new(Duration::from_secs(30)).with_store(store);
+    // The rest of the fleet: every name keeps a subscriber, so a client's arrival and departure
+    // are not the first or last reference (as in a 10,000-client join or storm).
+    let mut fleet = DeltaStream::new();
+    for (type_url, names) in [
+        (CDS, vec![]),
+        (EDS, (0..1000).map(|i| format!("e{i}")).collect()),
+    ] {
+        let effects = fleet
+            .on_request(&DeltaDiscoveryRequest {
+                type_url: type_url.into(),
+                resource_names_subscribe: names,
+                ..Default::default()
+            })
+            .unwrap();
+        group.apply_effects(0, &effects, Instant::now());
+    }
+    group
+}
+
+/// One simulated client's whole stream, as a stream task drives it: the wildcard Cluster request
+/// and a request for 50 endpoint names (with `initial_resource_versions` when `resume`), their
+/// effects on the group, every response framed and ACKed, then the stream's end. Returns the
+/// resources sent.
+fn client_stream(group: &mut GroupState, id: u64, resume: bool) -> usize {
+    let eds: Vec<String> = (0..50)
+        .map(|i| format!("e{}", (id * 7 + i) % 1000))
+        .collect();
+    let versions = |names: Vec<String>| -> std::collections::HashMap<String, String> {
+        if resume {
+            names.into_iter().map(|n| (n, "1".to_string())).collect()
+        } else {
+            Default::default()
+        }
+    };
+    let requests = [
+        DeltaDiscoveryRequest {
+            type_url: CDS.into(),
+            initial_resource_versions: versions((0..50).map(|i| format!("c{i}")).collect()),
+            ..Default::default()
+        },
+        DeltaDiscoveryRequest {
+            type_url: EDS.into(),
+            resource_names_subscribe: eds.clone(),
+            initial_resource_versions: versions(eds),
+            ..Default::default()
+        },
+    ];
+    let mut c = DeltaStream::new();
+    let now = Instant::now();
+    for req in &requests {
+        let effects = c.on_request(req).unwrap();
+        let applied = group.apply_effects(id, &effects, now);
+        c.subscribed_at(applied.seq);
+    }
+    let mut sent = 0;
+    while let Some(out) = c.next_frame(group.store()) {
+        sent += out.resources;
+        let ack = DeltaDiscoveryRequest {
+            type_url: out.type_url.clone(),
+            response_nonce: out.frame.nonce.to_string(),
+            ..Default::default()
+        };
+        c.on_request(&ack).unwrap();
+    }
+    group.remove_stream(id, &c.subscriptions(), now);
+    sent
+}
+
+/// What one joining client costs the relay's core (loadgen's Delta join, no sockets): 50
+/// Clusters by wildcard and 50 endpoint names, framed, ACKed, and the stream closed again.
+#[divan::bench]
+fn delta_join_one_client(bencher: Bencher) {
+    let mut group = join_group();
+    let mut id = 0;
+    bencher.bench_local(|| {
+        id += 1;
+        let sent = client_stream(&mut group, id, false);
+        assert_eq!(sent, 100);
+        black_box(sent)
+    });
+}
+
+/// The same client reconnecting in a storm: it reports every version it holds, so nothing is
+/// sent but the wildcard's answer (A2).
+#[divan::bench]
+fn delta_resume_one_client(bencher: Bencher) {
+    let mut group = join_group();
+    let mut id = 0;
+    bencher.bench_local(|| {
+        id += 1;
+        let sent = client_stream(&mut group, id, true);
+        assert_eq!(sent, 0);
+        black_box(sent)
     });
 }

@@ -130,7 +130,7 @@ impl TypeState {
         self.unacked
             .record(l, self.known.get(l), self.last_nonce.as_deref());
         self.known.insert(l.clone(), held);
-        self.rejected.remove(l);
+        self.unreject(l);
     }
 
     /// Records that the response being built takes `l` from the client (or sends it again later).
@@ -140,7 +140,7 @@ impl TypeState {
             self.unacked
                 .record(l, before.as_ref(), self.last_nonce.as_deref());
         }
-        self.rejected.remove(l);
+        self.unreject(l);
         before
     }
 
@@ -148,7 +148,15 @@ impl TypeState {
     fn forget(&mut self, l: &Locator) {
         self.known.remove(l);
         self.unacked.forget(l);
-        self.rejected.remove(l);
+        self.unreject(l);
+    }
+
+    /// `l` changes, so whatever the client rejected for it no longer holds it back. Rejections
+    /// are rare: the usual empty map is not hashed into for every resource sent.
+    fn unreject(&mut self, l: &Locator) {
+        if !self.rejected.is_empty() {
+            self.rejected.remove(l);
+        }
     }
 
     /// Whether the client rejected exactly this outcome for `l` (`None`: a removal).
@@ -337,8 +345,9 @@ struct Builder {
     resources: Vec<Bytes>,
     /// Encoded size of `resources`, to keep responses within the stream's size limit.
     bytes: usize,
-    /// Wire identity (see [`wire_id`]) -> the resource sent under it.
-    added: HashMap<(Name, ConstraintKey, bool), Arc<CachedResource>>,
+    /// Wire identity (see [`wire_id`]) -> the resource sent under it. Only cached resources (names
+    /// the upstream sent) are keys, hashed with foldhash: this is one insert per resource sent.
+    added: HashMap<(Name, ConstraintKey, bool), Arc<CachedResource>, foldhash::fast::RandomState>,
     removed: BTreeSet<String>,
     removed_variants: Vec<ResourceName>,
     errors: Vec<ResourceError>,
@@ -369,6 +378,29 @@ impl Builder {
             && self.removed.is_empty()
             && self.removed_variants.is_empty()
             && self.errors.is_empty()
+    }
+}
+
+/// Every subscription of one name on a stream, as a build evaluates them: (locator, by name,
+/// covered by a subscription rather than only held), in locator order, each locator once. Nearly
+/// always one or two, kept inline: this is built per name per response.
+#[derive(Default)]
+struct NameSubs(SmallVec<[(Locator, bool, bool); 2]>);
+
+impl NameSubs {
+    /// Adds `l` unless it is in already (the first entry for a locator wins).
+    fn or_insert(&mut self, l: Locator, by_name: bool, covered: bool) {
+        if let Err(i) = self.0.binary_search_by(|(k, _, _)| k.cmp(&l)) {
+            self.0.insert(i, (l, by_name, covered));
+        }
+    }
+
+    fn contains(&self, l: &Locator) -> bool {
+        self.0.binary_search_by(|(k, _, _)| k.cmp(l)).is_ok()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
     }
 }
 
@@ -790,12 +822,13 @@ impl DeltaStream {
             }
             // Every subscription of this name on the stream: explicit ones, the wildcard's, and
             // any the client still holds (to remove them if needed).
-            let mut subs: BTreeMap<Locator, (bool, bool)> = BTreeMap::new(); // -> (by_name, covered)
+            let mut subs = NameSubs::default();
             if let Some(params) = ts.explicit.get(&name) {
                 for (p, by_name) in params {
-                    subs.insert(
+                    subs.or_insert(
                         Locator::with_params(name.clone(), p.clone()),
-                        (*by_name, true),
+                        *by_name,
+                        true,
                     );
                 }
             }
@@ -803,16 +836,19 @@ impl DeltaStream {
             if let Some(glob) = xdstp::collection_of(&name).map(Name::from) {
                 if let Some(params) = ts.explicit.get(&glob) {
                     for (p, by_name) in params {
-                        subs.entry(Locator::with_params(name.clone(), p.clone()))
-                            .or_insert((*by_name, true));
+                        subs.or_insert(
+                            Locator::with_params(name.clone(), p.clone()),
+                            *by_name,
+                            true,
+                        );
                     }
                     globs.insert(glob);
                 }
             }
             let wild = Locator::with_params(name.clone(), defaults.clone());
-            let wild_explicit = subs.contains_key(&wild);
+            let wild_explicit = subs.contains(&wild);
             if ts.wildcard && in_scope(&name) && !store.is_unresolved_alias(type_url, &name) {
-                subs.entry(wild.clone()).or_insert((true, true));
+                subs.or_insert(wild, true, true);
             }
             let first = first_of(&name);
             let held = ts.known.range(&first..).map(|(l, _)| l);
@@ -821,8 +857,7 @@ impl DeltaStream {
                 .take_while(|l| l.name == name)
                 .chain(forced.take_while(|l| l.name == name))
             {
-                subs.entry(l.clone())
-                    .or_insert((l.params == defaults, false));
+                subs.or_insert(l.clone(), l.params == defaults, false);
             }
             // B20: the client holds one resource per wire identity. When two subscriptions of
             // this name select different resources sent alike, the first in order holds it in
@@ -831,7 +866,7 @@ impl DeltaStream {
             let contested = subs.len() > 1;
             let mut claimed: HashMap<(Name, ConstraintKey, bool), Arc<CachedResource>> =
                 HashMap::new();
-            for (l, (by_name, covered)) in subs {
+            for (l, by_name, covered) in subs.0 {
                 if contested && covered {
                     if let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) {
                         match claimed.entry(wire_id(r, by_name)) {

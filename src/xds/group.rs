@@ -199,20 +199,16 @@ impl GroupState {
                 .entry(stream)
                 .or_default() += 1;
             // Only the first reference and the last release change anything below.
-            if self.interest.refcount(type_url, l) == 0 {
+            if self.interest.acquire(type_url, l) {
                 if self.unsubscribed.contains(type_url, &l.name) {
                     self.unsubscribed.resubscriptions += 1;
                 }
                 touched.push(l.name.clone());
             }
-            self.interest.acquire(type_url, l);
         }
         for l in &effects.release {
-            if Self::unindex(by_name, &l.name, stream) {
-                self.interest.release(type_url, l, now);
-                if self.interest.refcount(type_url, l) == 0 {
-                    touched.push(l.name.clone());
-                }
+            if Self::unindex(by_name, &l.name, stream) && self.interest.release(type_url, l, now) {
+                touched.push(l.name.clone());
             }
         }
         self.settle(type_url, touched);
@@ -228,11 +224,10 @@ impl GroupState {
         let mut touched: HashMap<&str, Vec<Name>> = HashMap::new();
         for (type_url, l) in held {
             if let Some(by_name) = self.index.get_mut(type_url) {
-                if Self::unindex(by_name, &l.name, stream) {
-                    self.interest.release(type_url, l, now);
-                    if self.interest.refcount(type_url, l) == 0 {
-                        touched.entry(type_url).or_default().push(l.name.clone());
-                    }
+                if Self::unindex(by_name, &l.name, stream)
+                    && self.interest.release(type_url, l, now)
+                {
+                    touched.entry(type_url).or_default().push(l.name.clone());
                 }
             }
         }

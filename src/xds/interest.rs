@@ -111,14 +111,22 @@ impl Interest {
     }
 
     /// One more downstream subscriber wants `locator`. Only the first one (that is not already kept
-    /// by the linger) causes an upstream subscribe.
-    pub fn acquire(&mut self, type_url: &str, locator: &Locator) {
-        let ti = self.types.entry(type_url.to_string()).or_default();
-        let count = ti.refs.entry(locator.clone()).or_insert(0);
-        *count += 1;
-        if *count > 1 {
-            return;
+    /// by the linger) causes an upstream subscribe. Returns whether it was the first.
+    pub fn acquire(&mut self, type_url: &str, locator: &Locator) -> bool {
+        // Every subscription of every joining client comes here: the common case (a type known,
+        // a locator already wanted) allocates nothing and searches once.
+        if !self.types.contains_key(type_url) {
+            self.types
+                .insert(type_url.to_string(), TypeInterest::default());
         }
+        let Some(ti) = self.types.get_mut(type_url) else {
+            return false;
+        };
+        if let Some(count) = ti.refs.get_mut(locator) {
+            *count += 1;
+            return false;
+        }
+        ti.refs.insert(locator.clone(), 1);
         bump(&mut ti.referenced, &locator.name, 1);
         if ti.lingering.remove(locator).is_none() {
             ti.count_name(&locator.name, 1);
@@ -130,20 +138,22 @@ impl Interest {
                 ti.subscribe.insert(locator.clone());
             }
         }
+        true
     }
 
     /// One downstream subscriber left `locator`. The last one starts the linger (or unsubscribes
-    /// at once with a zero linger). Releasing a locator that is not held is ignored.
-    pub fn release(&mut self, type_url: &str, locator: &Locator, now: Instant) {
+    /// at once with a zero linger), and the call returns true. Releasing a locator that is not
+    /// held is ignored.
+    pub fn release(&mut self, type_url: &str, locator: &Locator, now: Instant) -> bool {
         let Some(ti) = self.types.get_mut(type_url) else {
-            return;
+            return false;
         };
         let Some(count) = ti.refs.get_mut(locator) else {
-            return;
+            return false;
         };
         *count -= 1;
         if *count > 0 {
-            return;
+            return false;
         }
         ti.refs.remove(locator);
         bump(&mut ti.referenced, &locator.name, -1);
@@ -152,6 +162,7 @@ impl Interest {
         } else {
             ti.lingering.insert(locator.clone(), now + self.linger);
         }
+        true
     }
 
     fn drop_upstream(ti: &mut TypeInterest, locator: &Locator) {

@@ -16,10 +16,53 @@ pub use super::names::Name;
 /// What a client subscribes to: a name and the dynamic parameters it subscribed with (empty for a
 /// plain `resource_names_subscribe` entry). Equal parameter sets compare equal, so upstream
 /// interest is deduplicated by exact set (E13).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone)]
 pub struct Locator {
     pub name: Name,
     pub params: Arc<Params>,
+}
+
+// Compared by content, as a derive would, but shared names and parameter sets (interned names,
+// a stream's default parameters) are equal without reading them: every stream's maps are keyed
+// by locators, and this comparison is most of a join's B-tree lookups.
+impl PartialEq for Locator {
+    fn eq(&self, other: &Self) -> bool {
+        (Arc::ptr_eq(&self.name, &other.name) || self.name == other.name)
+            && (Arc::ptr_eq(&self.params, &other.params) || self.params == other.params)
+    }
+}
+
+impl Eq for Locator {}
+
+// Hashes the content, so equal locators (by the comparison above) hash alike.
+impl std::hash::Hash for Locator {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+        self.params.hash(state);
+    }
+}
+
+impl Ord for Locator {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        let name = if Arc::ptr_eq(&self.name, &other.name) {
+            std::cmp::Ordering::Equal
+        } else {
+            self.name.cmp(&other.name)
+        };
+        name.then_with(|| {
+            if Arc::ptr_eq(&self.params, &other.params) {
+                std::cmp::Ordering::Equal
+            } else {
+                self.params.cmp(&other.params)
+            }
+        })
+    }
+}
+
+impl PartialOrd for Locator {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 /// The empty parameter set, shared rather than allocated per plain locator.

@@ -49,8 +49,9 @@ impl<K: Ord + Clone, V: Clone> Unacked<K, V> {
         if self.staged.is_empty() {
             self.staged_after = last_nonce.map(str::to_string);
         }
-        if !self.staged.contains_key(key) {
-            self.staged.insert(key.clone(), before.cloned());
+        // One search, not a lookup and an insert: this runs per resource per response.
+        if let std::collections::btree_map::Entry::Vacant(e) = self.staged.entry(key.clone()) {
+            e.insert(before.cloned());
         }
     }
 
