@@ -1,5 +1,6 @@
-//! The gRPC codec for every xDS service the relay serves or consumes: prost with small initial
-//! buffers. tonic's default allocates 8 KiB per direction per stream up front; with thousands of
+//! The gRPC codec of the generated gRPC code (the upstream client, CSDS): prost with small initial
+//! buffers. (The xDS services read and write their streams themselves: `downstream::requests`,
+//! `downstream::services`.) tonic's default allocates 8 KiB per direction per stream up front; with thousands of
 //! mostly idle streams that dominates memory, while large responses grow the buffer as needed.
 
 use std::marker::PhantomData;
@@ -38,9 +39,4 @@ where
     fn decoder(&mut self) -> Self::Decoder {
         ProstDecoder::new(BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD))
     }
-}
-
-/// The decoder for requests a hand-written service reads (see `downstream::services`).
-pub fn request_decoder<U: prost::Message + Default + Send + 'static>() -> ProstDecoder<U> {
-    ProstDecoder::new(BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD))
 }

@@ -21,7 +21,7 @@
 //! - [`drain`]: graceful shutdown, closing connections gradually.
 //! - [`tls`]: downstream TLS/mTLS with certificate reload, identity-to-group authorization,
 //!   upstream TLS.
-//! - [`codec`]: the prost codec for requests and the upstream client.
+//! - [`codec`]: the prost codec of the generated gRPC code (the upstream client, CSDS).
 //! - [`snapshot`]: warm restart: the cache persisted to a local file and restored at startup.
 //! - [`grouping`]: which downstream nodes share a group, and the node presented upstream for it.
 //! - [`admin`]: HTTP /healthz, /readyz, /metrics, /debug/*; [`csds`]: client status discovery;

@@ -6,8 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use tonic::{Code, Status};
+use tonic::Status;
 
+use super::requests::ReadError;
 use crate::metrics::StreamRejection;
 use crate::pb::discovery::{DeltaDiscoveryRequest, DiscoveryRequest, ResourceLocator};
 
@@ -227,26 +228,24 @@ pub fn too_many_subscriptions(total: usize, limits: &StreamLimits) -> Refusal {
     )
 }
 
-/// Maps an error from reading a client's request stream: a malformed message or one over the size
-/// limit is the client's fault (refused with a status naming it); anything else means the client
-/// went away (`None`).
-pub fn classify_read_error(status: &Status) -> Option<Refusal> {
-    match status.code() {
-        // tonic: "decoded message length too large" (length prefix over max_message_bytes), or a
-        // compressed message expanding beyond it.
-        Code::OutOfRange | Code::ResourceExhausted => Some(Refusal::new(
+/// The refusal for a request that cannot be read; `None` when the client went away (nothing to
+/// tell it).
+pub fn classify_read_error(error: &ReadError) -> Option<Refusal> {
+    match error {
+        ReadError::TooLarge { .. } => Some(Refusal::new(
             StreamRejection::MessageTooLarge,
-            Status::resource_exhausted(format!("request message too large: {}", status.message())),
+            Status::resource_exhausted(format!("request message too large: {error}")),
         )),
-        // tonic-prost maps protobuf decode errors (and bad framing) to INTERNAL.
-        Code::Internal => Some(Refusal::new(
+        ReadError::Malformed(_)
+        | ReadError::Compressed
+        | ReadError::BadPrefix(_)
+        | ReadError::Truncated => Some(Refusal::new(
             StreamRejection::MalformedRequest,
             Status::invalid_argument(format!(
-                "malformed request (not a valid protobuf message): {}",
-                status.message()
+                "malformed request (not a valid gRPC protobuf message): {error}"
             )),
         )),
-        _ => None,
+        ReadError::Transport(_) => None,
     }
 }
 
@@ -320,7 +319,7 @@ mod tests {
         assert!(e.status.message().contains("17 bytes"), "{}", e.status);
         r.resource_names_subscribe = (0..11).map(|i| i.to_string()).collect();
         let e = check_request(&r, &l).unwrap_err();
-        assert_eq!(e.status.code(), Code::ResourceExhausted);
+        assert_eq!(e.status.code(), tonic::Code::ResourceExhausted);
         r.resource_names_subscribe.clear();
         r.resource_locators_subscribe = vec![ResourceLocator {
             name: "a".into(),

@@ -5,7 +5,8 @@
 //! every response into a per-stream buffer that keeps the capacity of the stream's largest
 //! message. Here a response is a shared, pre-framed gRPC message ([`crate::xds::Frame`]) handed
 //! to HTTP/2 as the body's next data frame: no copy, and nothing per stream outlives the write.
-//! The request side is decoded by tonic's `Streaming` as usual, and the rest is plain gRPC:
+//! The request side is read by [`RequestReader`] (decoded with prost, no buffer kept between
+//! requests), and the rest is plain gRPC:
 //! `content-type: application/grpc`, status in trailers, `grpc-timeout` by tonic's server layer,
 //! compressed requests refused with UNIMPLEMENTED.
 
@@ -18,10 +19,10 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::Frame as BodyFrame;
 use tonic::body::Body;
-use tonic::codec::Streaming;
 use tonic::server::NamedService;
 use tonic::Status;
 
+use super::requests::RequestReader;
 use super::stream::{serve, Responses, StreamHost};
 use crate::tls::TlsPeer;
 use crate::xds::{DeltaStream, SotwStream, StreamCore, XdsRequest};
@@ -96,12 +97,7 @@ impl<H: StreamHost, M: Methods> XdsService<H, M> {
             }
         }
         let peer = req.extensions().get::<TlsPeer>().map(|p| p.0.clone());
-        let inbound = Streaming::new_request(
-            crate::codec::request_decoder::<C::Request>(),
-            req.into_body(),
-            None,
-            Some(self.max_request_bytes),
-        );
+        let inbound = RequestReader::new(req.into_body(), self.max_request_bytes);
         let responses = serve::<H, C>(self.host.clone(), inbound, M::TYPE_URL, peer);
         let mut resp = http::Response::new(Body::new(FrameBody {
             responses: Some(responses),

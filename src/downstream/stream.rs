@@ -8,11 +8,12 @@ use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
+use tonic::Status;
 use tracing::{debug, Instrument};
 
 use super::limits::{self, Refusal, RequestShape, StreamLimits, TokenBucket};
 use super::mailbox::Mailbox;
+use super::requests::RequestReader;
 use crate::metrics::StreamRejection;
 use crate::pb::core::Node;
 use crate::sync::lock;
@@ -166,7 +167,7 @@ pub type Responses = mpsc::Receiver<Box<Result<Bytes, Status>>>;
 /// type_url of a per-type (non-ADS) service, filled into requests that leave it empty.
 pub fn serve<H, C>(
     host: Arc<H>,
-    inbound: Streaming<C::Request>,
+    inbound: RequestReader<C::Request>,
     fixed_type: Option<&'static str>,
     peer: Option<Arc<PeerIdentity>>,
 ) -> Responses
@@ -187,8 +188,8 @@ where
 type Outbox = mpsc::Sender<Box<Result<Bytes, Status>>>;
 
 /// The request stream, boxed: an async fn keeps its arguments for its whole life, so the task's
-/// future holds 8 bytes here instead of tonic's 232-byte decoder state twice.
-type Inbound<C> = Box<Streaming<<C as StreamCore>::Request>>;
+/// future holds 8 bytes here instead of the reader twice.
+type Inbound<C> = Box<RequestReader<<C as StreamCore>::Request>>;
 
 /// The task of one stream: admission (its own future, on the heap only while it runs: it holds
 /// the first request and the node), then the request/response loop, then the ending. Split so
@@ -257,11 +258,11 @@ where
     let first = match inbound.message().await {
         Ok(Some(first)) => first,
         Ok(None) => return None,
-        Err(status) => {
-            if let Some(refusal) = limits::classify_read_error(&status) {
+        Err(error) => {
+            if let Some(refusal) = limits::classify_read_error(&error) {
                 refuse(&**host, tx, refusal).await;
             } else {
-                debug!(%status, "stream failed before its first request");
+                debug!(%error, "stream failed before its first request");
             }
             return None;
         }
@@ -389,11 +390,11 @@ where
                         dirty = true;
                     }
                     Ok(None) => return Ok(()),
-                    Err(status) => {
-                        if let Some(refusal) = limits::classify_read_error(&status) {
+                    Err(error) => {
+                        if let Some(refusal) = limits::classify_read_error(&error) {
                             return Err(refusal);
                         }
-                        debug!(%status, "stream ended by the client");
+                        debug!(%error, "stream ended by the client");
                         return Ok(());
                     }
                 },

@@ -23,6 +23,7 @@ use super::constraints::{self, ConstraintKey, Params};
 use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeView};
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
+use super::packed;
 use super::resource::{canonical_name, CachedResource, Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
 use super::unacked::Unacked;
@@ -469,6 +470,7 @@ impl DeltaStream {
         let mut effects = RequestEffects::new(&req.type_url);
         let first = !self.types.contains_key(&req.type_url);
         let ts = self.types.entry(req.type_url.clone()).or_default();
+        let (explicit_before, known_before) = (ts.explicit.len(), ts.known.len());
         // A29: a malformed xdstp name is not subscribed; the client gets a resource error naming
         // it (INVALID_ARGUMENT), and every other name of the request is served as usual.
         let subscribe: Vec<(Locator, bool)> = subscribe
@@ -592,6 +594,9 @@ impl DeltaStream {
                 }
             }
         }
+
+        packed::repack_after_bulk(&mut ts.explicit, explicit_before);
+        packed::repack_after_bulk(&mut ts.known, known_before);
 
         if !req.response_nonce.is_empty() {
             let nonce = req.response_nonce.clone();
@@ -787,6 +792,7 @@ impl DeltaStream {
         let ts = self.types.get_mut(type_url)?;
         // Changes staged by an earlier build belong to its response (or to none).
         ts.unacked.seal(ts.last_nonce.as_deref());
+        let known_before = ts.known.len();
         let mut candidates = std::mem::take(&mut ts.pending);
         if ts.pending_all {
             ts.pending_all = false;
@@ -978,6 +984,8 @@ impl DeltaStream {
                 !added.contains_key(&(Name::from(rn.name.as_str()), key, false))
             });
         }
+
+        packed::repack_after_bulk(&mut ts.known, known_before);
 
         // Without a wildcard (A27's first VHDS request) there is nothing to wait for.
         let answer_owed = ts.owe_response && synced;

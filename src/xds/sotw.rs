@@ -19,6 +19,7 @@ use super::constraints::{ConstraintKey, Params};
 use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeView};
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
+use super::packed;
 use super::resource::{Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
 use super::unacked::Unacked;
@@ -389,6 +390,7 @@ impl SotwStream {
         let ts = self.types.get_mut(type_url)?;
         // Changes staged by an earlier build belong to its response (or to none).
         ts.unacked.seal(ts.last_nonce.as_deref());
+        let sent_before = ts.sent.len();
         // (locator, by name): the requested set, plus every name of the type for a wildcard.
         let mut scope: BTreeMap<Locator, bool> = ts.subs.clone();
         if ts.wildcard {
@@ -560,6 +562,7 @@ impl SotwStream {
             ts.force = false;
             self.refetch.extend(refetch);
         }
+        packed::repack_after_bulk(&mut ts.sent, sent_before);
         if !is_full_state(type_url) && out.is_empty() && errors.is_empty() {
             return None;
         }
