@@ -247,6 +247,33 @@ mod tests {
         assert!(matches!(err, Some(ReadError::Truncated)), "{err:?}");
     }
 
+    proptest::proptest! {
+        /// Whatever the client sends, however HTTP/2 cuts it into frames, the reader reads the
+        /// same messages and stops at the same kind of error, and never panics.
+        #[test]
+        fn any_bytes_read_alike_however_framed(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            valid in proptest::collection::vec(0usize..20, 0..4),
+            cut in 1usize..64,
+        ) {
+            let mut wire = Vec::new();
+            for n in &valid {
+                wire.extend(framed(&request(*n)));
+            }
+            wire.extend(&bytes);
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let (whole, whole_err) = rt.block_on(read_all(vec![wire.clone()], 4096));
+            let chunks = wire.chunks(cut).map(<[u8]>::to_vec).collect();
+            let (cut_up, cut_err) = rt.block_on(read_all(chunks, 4096));
+            proptest::prop_assert_eq!(&whole, &cut_up);
+            proptest::prop_assert!(whole.len() >= valid.len());
+            proptest::prop_assert_eq!(
+                whole_err.map(|e| std::mem::discriminant(&e)),
+                cut_err.map(|e| std::mem::discriminant(&e))
+            );
+        }
+    }
+
     #[tokio::test]
     async fn nothing_is_kept_between_messages() {
         let wire = framed(&request(50));
