@@ -20,7 +20,7 @@ use crate::pb::core::Node;
 use crate::sync::{lock, read, write};
 use crate::token_bucket::TokenBucket;
 use crate::xds::constraints::Params;
-use crate::xds::{GroupState, Locator, RequestEffects, Store, StreamId};
+use crate::xds::{GroupState, Locator, Name, RequestEffects, Store, StreamId};
 
 #[derive(Debug)]
 pub struct Relay {
@@ -258,7 +258,7 @@ impl StreamHost for Relay {
         f(read(&group.state).store())
     }
 
-    fn close(&self, group: Arc<Group>, id: StreamId, held: Vec<(String, Locator)>) {
+    fn close(&self, group: Arc<Group>, id: StreamId, held: Vec<(Name, Locator)>) {
         self.clients.remove(&id);
         group.detach(id);
         write(&group.state).remove_stream(id, &held, Instant::now());

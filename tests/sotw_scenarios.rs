@@ -1096,7 +1096,11 @@ fn a22_equivalent_never_send_unrequested_type() {
     assert!(changes.wildcard_synced_now);
     client.notify(&changes);
     client.none(&store);
-    assert!(client.stream.subscriptions().iter().all(|(t, _)| t == CDS));
+    assert!(client
+        .stream
+        .subscriptions()
+        .iter()
+        .all(|(t, _)| &**t == CDS));
 }
 
 #[test]

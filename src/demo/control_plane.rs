@@ -18,7 +18,7 @@ use crate::downstream::{Mailbox, StreamHost};
 use crate::pb::core::Node;
 use crate::sync::lock;
 use crate::xds::constraints::params_of;
-use crate::xds::{CachedResource, Locator, RequestEffects, Store, StreamId, XdsRequest};
+use crate::xds::{CachedResource, Locator, Name, RequestEffects, Store, StreamId, XdsRequest};
 
 /// What the control plane has seen, for tests and the demo's log.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -193,7 +193,7 @@ impl StreamHost for ControlPlane {
         f(&self.current.borrow())
     }
 
-    fn close(&self, _: Option<String>, id: StreamId, _: Vec<(String, Locator)>) {
+    fn close(&self, _: Option<String>, id: StreamId, _: Vec<(Name, Locator)>) {
         self.streams.remove(&id);
         lock(&self.stats).active_streams -= 1;
     }

@@ -19,6 +19,7 @@ use crate::pb::core::Node;
 use crate::sync::lock;
 use crate::tls::PeerIdentity;
 use crate::xds::constraints::Params;
+use crate::xds::names::{self, Name};
 use crate::xds::{
     AckStatus, Locator, Protocol, ProtocolError, RequestEffects, Store, StreamCore, StreamId,
     TypeView, XdsRequest,
@@ -61,7 +62,7 @@ pub trait StreamHost: Send + Sync + 'static {
     /// Runs `f` with the store the membership is served from.
     fn with_store<R>(&self, membership: &Self::Membership, f: impl FnOnce(&Store) -> R) -> R;
     /// The stream ended; `held` is every subscription it still had.
-    fn close(&self, membership: Self::Membership, id: StreamId, held: Vec<(String, Locator)>);
+    fn close(&self, membership: Self::Membership, id: StreamId, held: Vec<(Name, Locator)>);
     fn next_stream_id(&self) -> StreamId;
     /// The limits every stream of this host enforces (default: none).
     fn limits(&self) -> StreamLimits {
@@ -126,7 +127,9 @@ pub struct ClientEntry {
     pub protocol: Protocol,
     pub connected_since: SystemTime,
     pub core: Arc<dyn Introspect>,
-    ack_times: Mutex<HashMap<String, AckTimes>>,
+    /// Per type: a stream speaks a few types, so a short list keyed by the interned type URL
+    /// (no allocation per client per type) rather than a map.
+    ack_times: Mutex<Vec<(Name, AckTimes)>>,
 }
 
 impl std::fmt::Debug for ClientEntry {
@@ -143,14 +146,22 @@ impl std::fmt::Debug for ClientEntry {
 impl ClientEntry {
     pub fn ack_times(&self, type_url: &str) -> AckTimes {
         lock(&self.ack_times)
-            .get(type_url)
-            .copied()
+            .iter()
+            .find(|(t, _)| &**t == type_url)
+            .map(|(_, times)| *times)
             .unwrap_or_default()
     }
 
     fn answered(&self, type_url: &str, nack: bool) {
         let mut times = lock(&self.ack_times);
-        let t = times.entry(type_url.to_string()).or_default();
+        let i = match times.iter().position(|(t, _)| &**t == type_url) {
+            Some(i) => i,
+            None => {
+                times.push((names::intern(type_url), AckTimes::default()));
+                times.len() - 1
+            }
+        };
+        let t = &mut times[i].1;
         if nack {
             t.last_nack = Some(SystemTime::now());
         } else {
@@ -318,7 +329,7 @@ where
         protocol,
         connected_since: SystemTime::now(),
         core: core.clone(),
-        ack_times: Mutex::new(HashMap::new()),
+        ack_times: Mutex::new(Vec::new()),
     });
     host.observe(StreamEvent::Opened(&client));
     span.in_scope(|| debug!("stream opened"));

@@ -120,7 +120,7 @@ pub trait StreamCore: Clone {
     /// Keep responses within the client's receive limit where the protocol allows splitting.
     fn limit_response_bytes(&mut self, _bytes: usize) {}
     /// Every subscription the stream holds, released when it ends.
-    fn subscriptions(&self) -> Vec<(String, Locator)>;
+    fn subscriptions(&self) -> Vec<(Name, Locator)>;
     /// The group applied the latest subscriptions when its store was at `seq` (D2).
     fn subscribed_at(&mut self, _seq: u64) {}
     /// Subscriptions whose `do_not_cache` content the upstream must send again (C3).

@@ -24,6 +24,7 @@ use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, Type
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
 use super::packed;
+use super::per_type::PerType;
 use super::resource::{canonical_name, CachedResource, Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
 use super::unacked::Unacked;
@@ -300,7 +301,7 @@ pub struct TypeStatus {
 
 #[derive(Debug, Default, Clone)]
 pub struct DeltaStream {
-    types: BTreeMap<String, Box<TypeState>>,
+    types: PerType<Box<TypeState>>,
     nonce_seq: u64,
     /// Parameters for plain-name and wildcard subscriptions (TP2 migration from node metadata).
     default_params: Arc<Params>,
@@ -469,7 +470,7 @@ impl DeltaStream {
 
         let mut effects = RequestEffects::new(&req.type_url);
         let first = !self.types.contains_key(&req.type_url);
-        let ts = self.types.entry(req.type_url.clone()).or_default();
+        let ts = self.types.or_default(&req.type_url);
         let (explicit_before, known_before) = (ts.explicit.len(), ts.known.len());
         // A29: a malformed xdstp name is not subscribed; the client gets a resource error naming
         // it (INVALID_ARGUMENT), and every other name of the request is served as usual.
@@ -761,7 +762,7 @@ impl DeltaStream {
 
     /// The next response's content (no nonce yet), trying types in B14 order.
     fn next_content(&mut self, store: &Store) -> Option<wire::DeltaDiscoveryResponse> {
-        let mut order: Vec<String> = self
+        let mut order: Vec<Name> = self
             .types
             .iter()
             .filter(|(_, t)| t.has_work())
@@ -1167,9 +1168,9 @@ impl DeltaStream {
     }
 
     /// Every subscription this stream holds (explicit locators and `"*"`), to release when it ends.
-    pub fn subscriptions(&self) -> Vec<(String, Locator)> {
+    pub fn subscriptions(&self) -> Vec<(Name, Locator)> {
         let mut out = Vec::new();
-        for (t, ts) in &self.types {
+        for (t, ts) in self.types.iter() {
             for (name, params) in &ts.explicit {
                 for p in params.keys() {
                     out.push((t.clone(), Locator::with_params(name.clone(), p.clone())));
@@ -1200,7 +1201,7 @@ impl DeltaStream {
     pub fn held(&self) -> impl Iterator<Item = (&str, &Locator, &Held)> {
         self.types
             .iter()
-            .flat_map(|(t, ts)| ts.known.iter().map(move |(l, h)| (t.as_str(), l, h)))
+            .flat_map(|(t, ts)| ts.known.iter().map(move |(l, h)| (&**t, l, h)))
     }
 
     /// Per-type state for the admin API and CSDS; `resources` adds what the client holds and what
@@ -1209,7 +1210,7 @@ impl DeltaStream {
         self.types
             .iter()
             .map(|(t, ts)| TypeView {
-                type_url: t.clone(),
+                type_url: t.to_string(),
                 wildcard: ts.wildcard,
                 subscribed: ts.explicit.values().map(ParamSets::len).sum(),
                 held: ts.known.len(),
@@ -1255,7 +1256,7 @@ impl DeltaStream {
         self.types
             .iter()
             .map(|(t, ts)| TypeStatus {
-                type_url: t.clone(),
+                type_url: t.to_string(),
                 wildcard: ts.wildcard,
                 explicit: ts.explicit.values().map(ParamSets::len).sum(),
                 last_nonce: ts.last_nonce.clone(),
@@ -1287,7 +1288,7 @@ impl StreamCore for DeltaStream {
     fn limit_response_bytes(&mut self, bytes: usize) {
         self.max_response_bytes = bytes;
     }
-    fn subscriptions(&self) -> Vec<(String, Locator)> {
+    fn subscriptions(&self) -> Vec<(Name, Locator)> {
         DeltaStream::subscriptions(self)
     }
     fn subscribed_at(&mut self, seq: u64) {

@@ -220,14 +220,14 @@ impl GroupState {
     }
 
     /// A stream ended: release everything it held (F9).
-    pub fn remove_stream(&mut self, stream: StreamId, held: &[(String, Locator)], now: Instant) {
+    pub fn remove_stream(&mut self, stream: StreamId, held: &[(Name, Locator)], now: Instant) {
         let mut touched: HashMap<&str, Vec<Name>> = HashMap::new();
         for (type_url, l) in held {
-            if let Some(by_name) = self.index.get_mut(type_url) {
+            if let Some(by_name) = self.index.get_mut(&**type_url) {
                 if Self::unindex(by_name, &l.name, stream)
                     && self.interest.release(type_url, l, now)
                 {
-                    touched.entry(type_url).or_default().push(l.name.clone());
+                    touched.entry(&**type_url).or_default().push(l.name.clone());
                 }
             }
         }

@@ -10,6 +10,7 @@
 //! - [`frame`]: responses encoded once as gRPC messages and shared by every stream due them.
 //! - [`group`]: one aggregation group's store, interest, subscriber index and unsubscribed set.
 //! - [`packed`]: per-stream B-trees rebuilt dense after bulk inserts (a join fills them in order).
+//! - [`per_type`]: a stream's state per type URL: a short sorted list, interned type URLs.
 //! - [`unacked`]: what each unacknowledged response changed in a stream's record, undone on NACK.
 //! - [`xdstp`]: `xdstp://` names: parsing, canonical form, glob collections (A28, A29).
 //! - [`unsubscribed`]: names no client wants any more, kept fresh within a byte budget (LRU).
@@ -24,6 +25,7 @@ pub mod group;
 pub mod interest;
 pub mod names;
 mod packed;
+mod per_type;
 pub mod resource;
 pub mod sotw;
 pub mod store;

@@ -20,6 +20,7 @@ use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, Type
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
 use super::packed;
+use super::per_type::PerType;
 use super::resource::{Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
 use super::unacked::Unacked;
@@ -161,7 +162,7 @@ impl TypeState {
 
 #[derive(Debug, Default, Clone)]
 pub struct SotwStream {
-    types: BTreeMap<String, Box<TypeState>>,
+    types: PerType<Box<TypeState>>,
     nonce_seq: u64,
     /// Send each resource wrapped in a `Resource` (client announced the feature).
     wrap: bool,
@@ -200,7 +201,7 @@ impl SotwStream {
         let requested =
             Locator::from_request(&req.resource_names, &req.resource_locators, &defaults);
         let first = !self.types.contains_key(&req.type_url);
-        let ts = self.types.entry(req.type_url.clone()).or_default();
+        let ts = self.types.or_default(&req.type_url);
         let mut effects = RequestEffects {
             type_url: req.type_url.clone(),
             acquire: Vec::new(),
@@ -374,7 +375,7 @@ impl SotwStream {
     }
 
     fn next_content(&mut self, store: &Store) -> Option<wire::DiscoveryResponse> {
-        let mut order: Vec<String> = self
+        let mut order: Vec<Name> = self
             .types
             .iter()
             .filter(|(_, t)| t.dirty || t.force || !t.resend.is_empty())
@@ -578,7 +579,7 @@ impl SotwStream {
         })
     }
 
-    pub fn subscriptions(&self) -> Vec<(String, Locator)> {
+    pub fn subscriptions(&self) -> Vec<(Name, Locator)> {
         self.types
             .iter()
             .flat_map(|(t, ts)| {
@@ -596,7 +597,7 @@ impl SotwStream {
         self.types
             .iter()
             .map(|(t, ts)| TypeView {
-                type_url: t.clone(),
+                type_url: t.to_string(),
                 wildcard: ts.wildcard,
                 subscribed: ts.subs.len(),
                 held: ts.sent.len(),
@@ -634,11 +635,9 @@ impl SotwStream {
 
     /// Every (type_url, name, version) the client was sent, for client status reporting.
     pub fn held(&self) -> impl Iterator<Item = (&str, &Locator, &str)> {
-        self.types.iter().flat_map(|(t, ts)| {
-            ts.sent
-                .iter()
-                .map(move |(l, (_, v))| (t.as_str(), l, v.as_str()))
-        })
+        self.types
+            .iter()
+            .flat_map(|(t, ts)| ts.sent.iter().map(move |(l, (_, v))| (&**t, l, v.as_str())))
     }
 }
 
@@ -683,7 +682,7 @@ impl StreamCore for SotwStream {
     fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
         SotwStream::next_frame(self, store)
     }
-    fn subscriptions(&self) -> Vec<(String, Locator)> {
+    fn subscriptions(&self) -> Vec<(Name, Locator)> {
         SotwStream::subscriptions(self)
     }
     fn subscribed_at(&mut self, seq: u64) {

@@ -78,6 +78,11 @@ impl<K: Ord + Clone, V: Clone> Unacked<K, V> {
         if let Some(i) = self.position(nonce) {
             self.in_flight.drain(..=i);
         }
+        if self.in_flight.is_empty() {
+            // Most of a stream's life nothing is in flight: keep no capacity for it (three types
+            // on ten thousand streams would keep ~5 MiB).
+            self.in_flight = VecDeque::new();
+        }
     }
 
     /// The client rejected `nonce`: returns the entries to put back as they were before it.
