@@ -25,7 +25,7 @@ use adsrelay::pb::discovery::{DeltaDiscoveryRequest, ResourceLocator};
 use adsrelay::pb::rpc;
 use adsrelay::pb::wire;
 use adsrelay::xds::constraints::{self, Params};
-use adsrelay::xds::{DeltaStream, GroupState, Locator, Lookup, WILDCARD};
+use adsrelay::xds::{DeltaStream, GroupState, Locator, Lookup, Name, WILDCARD};
 use adsrelay_fuzz::*;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -288,7 +288,10 @@ impl Harness {
                     .map(|t| (t.clone(), Locator::plain(WILDCARD))),
             )
             .collect();
-        let actual: BTreeSet<(String, Locator)> = subs.iter().cloned().collect();
+        let actual: BTreeSet<(String, Locator)> = subs
+            .iter()
+            .map(|(t, l)| (t.to_string(), l.clone()))
+            .collect();
         assert_eq!(actual, expected, "core subscriptions differ from the model");
         assert_eq!(subs.len(), actual.len(), "duplicate subscriptions");
         let total =
@@ -527,7 +530,7 @@ impl Harness {
     }
 
     /// The stream ends: the group must be left with nothing of it (F9).
-    fn close(&mut self, held: Vec<(String, Locator)>) {
+    fn close(&mut self, held: Vec<(Name, Locator)>) {
         self.group.remove_stream(STREAM, &held, self.now);
         assert_eq!(
             self.group.interest().upstream_subscription_count(),

@@ -25,7 +25,7 @@ use adsrelay::pb::wire;
 use adsrelay::xds::constraints::Params;
 use adsrelay::xds::resource::RESOURCE_TYPE_URL;
 use adsrelay::xds::sotw::is_full_state;
-use adsrelay::xds::{GroupState, Locator, Lookup, SotwStream, WILDCARD};
+use adsrelay::xds::{GroupState, Locator, Lookup, Name, SotwStream, WILDCARD};
 use adsrelay_fuzz::*;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -259,7 +259,10 @@ impl Harness {
                     .map(|t| (t.clone(), Locator::plain(WILDCARD))),
             )
             .collect();
-        let actual: BTreeSet<(String, Locator)> = subs.iter().cloned().collect();
+        let actual: BTreeSet<(String, Locator)> = subs
+            .iter()
+            .map(|(t, l)| (t.to_string(), l.clone()))
+            .collect();
         assert_eq!(actual, expected, "core subscriptions differ from the model");
         assert_eq!(subs.len(), actual.len(), "duplicate subscriptions");
         let total =
@@ -481,7 +484,7 @@ impl Harness {
         }
     }
 
-    fn close(&mut self, held: Vec<(String, Locator)>) {
+    fn close(&mut self, held: Vec<(Name, Locator)>) {
         self.group.remove_stream(STREAM, &held, self.now);
         assert_eq!(
             self.group.interest().upstream_subscription_count(),
