@@ -1,7 +1,8 @@
 //! The gRPC codec of the generated gRPC code (the upstream client, CSDS): prost with small initial
-//! buffers. (The xDS services read and write their streams themselves: `downstream::requests`,
-//! `downstream::services`.) tonic's default allocates 8 KiB per direction per stream up front; with thousands of
+//! buffers. tonic's default allocates 8 KiB per direction per stream up front; with thousands of
 //! mostly idle streams that dominates memory, while large responses grow the buffer as needed.
+//! (The xDS services read and write their streams themselves: `downstream::requests`,
+//! `downstream::services`.)
 
 use std::marker::PhantomData;
 

@@ -419,26 +419,25 @@ fn client_stream(group: &mut GroupState, id: u64, resume: bool) -> usize {
 /// Clusters by wildcard and 50 endpoint names, framed, ACKed, and the stream closed again.
 #[divan::bench]
 fn delta_join_one_client(bencher: Bencher) {
-    let mut group = join_group();
-    let mut id = 0;
-    bencher.bench_local(|| {
-        id += 1;
-        let sent = client_stream(&mut group, id, false);
-        assert_eq!(sent, 100);
-        black_box(sent)
-    });
+    bench_client_streams(bencher, false, 100);
 }
 
 /// The same client reconnecting in a storm: it reports every version it holds, so nothing is
 /// sent but the wildcard's answer (A2).
 #[divan::bench]
 fn delta_resume_one_client(bencher: Bencher) {
+    bench_client_streams(bencher, true, 0);
+}
+
+/// One client stream after another against the same group, each expected to receive `sent`
+/// resources.
+fn bench_client_streams(bencher: Bencher, resume: bool, sent: usize) {
     let mut group = join_group();
     let mut id = 0;
     bencher.bench_local(|| {
         id += 1;
-        let sent = client_stream(&mut group, id, true);
-        assert_eq!(sent, 0);
-        black_box(sent)
+        let got = client_stream(&mut group, id, resume);
+        assert_eq!(got, sent);
+        black_box(got)
     });
 }

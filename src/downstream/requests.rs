@@ -92,10 +92,8 @@ impl<T: prost::Message + Default> RequestReader<T> {
     }
 
     fn receive(&mut self, data: Bytes) {
-        if !self.gathering.is_empty() {
-            self.unread = data;
-            return;
-        }
+        // While gathering, every received byte went into `gathering`, so `unread` is empty; it is
+        // also empty, or a prefix shorter than five bytes, otherwise.
         if self.unread.is_empty() {
             self.unread = data;
         } else {

@@ -134,7 +134,7 @@ impl TypeState {
         self.unacked
             .record(l, self.known.get(l), self.last_nonce.as_deref());
         self.known.insert(l.clone(), held);
-        self.unreject(l);
+        self.rejected.remove(l);
     }
 
     /// Records that the response being built takes `l` from the client (or sends it again later).
@@ -144,7 +144,7 @@ impl TypeState {
             self.unacked
                 .record(l, before.as_ref(), self.last_nonce.as_deref());
         }
-        self.unreject(l);
+        self.rejected.remove(l);
         before
     }
 
@@ -152,15 +152,7 @@ impl TypeState {
     fn forget(&mut self, l: &Locator) {
         self.known.remove(l);
         self.unacked.forget(l);
-        self.unreject(l);
-    }
-
-    /// `l` changes, so whatever the client rejected for it no longer holds it back. Rejections
-    /// are rare: the usual empty map is not hashed into for every resource sent.
-    fn unreject(&mut self, l: &Locator) {
-        if !self.rejected.is_empty() {
-            self.rejected.remove(l);
-        }
+        self.rejected.remove(l);
     }
 
     /// Whether the client rejected exactly this outcome for `l` (`None`: a removal).
