@@ -1242,3 +1242,74 @@ fn b07_full_state_nack_keeps_the_previous_state_on_record() {
     fresh.send(req(CDS));
     assert_eq!(fresh.one(&store).version, r3.version);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 17: a wildcard-only subscriber's full state is built once per change and shared
+// ---------------------------------------------------------------------------------------------
+
+/// A wildcard-only client takes the shared full state; a client that also names one of the
+/// clusters holds the same set and builds its own. Both must see exactly the same responses
+/// through adds, changes, removals, a NACK and an ACK.
+#[test]
+fn b01_shared_wildcard_state_matches_a_per_client_build() {
+    let mut store = synced_store(CDS, &[("c1", "1"), ("c2", "1"), ("c3", "1")]);
+    let mut shared = Client::new();
+    shared.send(req(CDS));
+    let mut own = Client::new();
+    own.send(req(CDS).names(&["*", "c1"]));
+    let (a, b) = (shared.one(&store), own.one(&store));
+    assert_eq!(a.resources, b.resources);
+    assert_eq!(a.version, b.version);
+    shared.send(req(CDS).ack(&a.version, &a.nonce));
+    own.send(req(CDS).names(&["*", "c1"]).ack(&b.version, &b.nonce));
+
+    type Step<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
+    let steps: [Step; 3] = [
+        (&[("c2", "2"), ("c4", "1")], &[]),
+        (&[], &["c3"]),
+        (&[("c1", "5")], &["c4"]),
+    ];
+    let mut last = a;
+    for (add, remove) in steps {
+        let changes = upstream(&mut store, CDS, add, remove, true);
+        shared.notify(&changes);
+        own.notify(&changes);
+        let (a, b) = (shared.one(&store), own.one(&store));
+        assert_eq!(a.versions(), b.versions(), "after +{add:?} -{remove:?}");
+        assert_eq!(a.version, b.version, "same state, same version_info");
+        assert_ne!(a.version, last.version);
+        shared.send(req(CDS).ack(&a.version, &a.nonce));
+        own.send(req(CDS).names(&["*", "c1"]).ack(&b.version, &b.nonce));
+        last = a;
+    }
+    assert_eq!(last.versions(), map(&[("c1", "5"), ("c2", "2")]));
+
+    // Nothing changed for the type: neither is sent anything.
+    let changes = upstream(&mut store, EDS, &[("e", "1")], &[], false);
+    shared.notify(&changes);
+    shared.none(&store);
+
+    // A NACKed state is not sent again into an unchanged store (A31), shared or not.
+    let changes = upstream(&mut store, CDS, &[("c2", "3")], &[], true);
+    shared.notify(&changes);
+    own.notify(&changes);
+    let (a, b) = (shared.one(&store), own.one(&store));
+    assert_eq!(a.version, b.version);
+    shared.send(req(CDS).nack(&last.version, &a.nonce, "bad c2"));
+    own.send(
+        req(CDS)
+            .names(&["*", "c1"])
+            .nack(&last.version, &b.nonce, "bad c2"),
+    );
+    let changes = upstream(&mut store, EDS, &[("e", "2")], &[], false);
+    shared.notify(&changes);
+    shared.none(&store);
+    // The next real change reaches both alike again.
+    let changes = upstream(&mut store, CDS, &[("c1", "6")], &[], true);
+    shared.notify(&changes);
+    own.notify(&changes);
+    let (a, b) = (shared.one(&store), own.one(&store));
+    assert_eq!(a.versions(), map(&[("c1", "6"), ("c2", "3")]));
+    assert_eq!(a.versions(), b.versions());
+    assert_eq!(a.version, b.version);
+}

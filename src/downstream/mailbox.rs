@@ -74,37 +74,61 @@ impl Mailbox {
     }
 
     /// Moves the pending notifications into the stream's state; returns whether there were any,
-    /// or the status to end the stream with. `received` keeps, per type, the earliest upstream
+    /// or the status to end the stream with. `receipts` keeps, per type, the earliest upstream
     /// receipt among the changes taken in (for the fan-out latency metric).
     pub fn drain_into<C: StreamCore>(
         &self,
         stream: &mut C,
-        received: &mut HashMap<String, Instant>,
+        receipts: &mut Receipts,
     ) -> Result<bool, tonic::Status> {
         let inbox = std::mem::take(&mut *lock(&self.inbox));
         if let Some(status) = inbox.close {
             return Err(status);
         }
         let any = !inbox.changes.is_empty() || !inbox.all.is_empty();
-        let mut note = |type_url: &str, at: Instant| match received.get_mut(type_url) {
-            Some(t) => *t = (*t).min(at),
-            None => {
-                received.insert(type_url.to_string(), at);
-            }
-        };
         for c in &inbox.changes {
             if let Some(at) = c.received_at {
-                note(&c.type_url, at);
+                receipts.note(&c.type_url, at);
             }
             stream.on_change(c);
         }
         for (t, at) in inbox.all_since {
-            note(&t, at);
+            receipts.note(&t, at);
         }
         for t in &inbox.all {
             stream.mark_all_pending(t);
         }
         Ok(any)
+    }
+}
+
+/// Per type, the earliest upstream receipt among the changes a stream took in and has not yet
+/// written (fan-out latency). A stream speaks a few types, so a short list whose entries stay:
+/// noting a receipt allocates nothing after a type's first.
+#[derive(Debug, Default)]
+pub struct Receipts(Vec<(String, Option<Instant>)>);
+
+impl Receipts {
+    fn note(&mut self, type_url: &str, at: Instant) {
+        match self.0.iter_mut().find(|(t, _)| t == type_url) {
+            Some((_, earliest)) => *earliest = Some(earliest.map_or(at, |e| e.min(at))),
+            None => self.0.push((type_url.to_string(), Some(at))),
+        }
+    }
+
+    /// The earliest receipt of `type_url` not yet written, which a response now writes.
+    pub fn take(&mut self, type_url: &str) -> Option<Instant> {
+        self.0
+            .iter_mut()
+            .find(|(t, _)| t == type_url)
+            .and_then(|(_, at)| at.take())
+    }
+
+    /// What was received produced nothing to write.
+    pub fn clear(&mut self) {
+        for (_, at) in &mut self.0 {
+            *at = None;
+        }
     }
 }
 
@@ -125,5 +149,21 @@ mod tests {
         let inbox = lock(&mb.inbox);
         assert!(inbox.changes.is_empty());
         assert!(inbox.all.contains("t"));
+    }
+
+    #[test]
+    fn receipts_keep_the_earliest_until_written() {
+        let t0 = Instant::now();
+        let t1 = t0 + std::time::Duration::from_millis(5);
+        let mut r = Receipts::default();
+        r.note("a", t1);
+        r.note("a", t0);
+        r.note("b", t1);
+        assert_eq!(r.take("a"), Some(t0));
+        assert_eq!(r.take("a"), None, "a written receipt is gone");
+        r.clear();
+        assert_eq!(r.take("b"), None);
+        r.note("a", t1);
+        assert_eq!(r.take("a"), Some(t1));
     }
 }

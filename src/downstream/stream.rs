@@ -2,17 +2,16 @@
 //! core, and writes responses built from the current store whenever the client can take one. The
 //! same driver serves the relay's clients and the demo control plane's (the relay, in the demo).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::mpsc::{self, error::TrySendError, Permit};
 use tonic::Status;
 use tracing::{debug, Instrument};
 
 use super::limits::{self, Refusal, RequestShape, StreamLimits, TokenBucket};
-use super::mailbox::Mailbox;
+use super::mailbox::{Mailbox, Receipts};
 use super::requests::RequestReader;
 use crate::metrics::StreamRejection;
 use crate::pb::core::Node;
@@ -380,15 +379,26 @@ where
         fixed_type: Option<&'static str>,
     ) -> Result<(), Refusal> {
         let stuck_timeout = self.guard.limits.stuck_timeout;
-        let protocol = self.protocol;
-        // Per type, the earliest upstream receipt among changes not yet written (fan-out latency).
-        let mut received: HashMap<String, Instant> = HashMap::new();
+        let mut receipts = Receipts::default();
+        // A response may be due. Cleared as soon as the core has nothing to send, so an ACK or a
+        // written response costs no further wake-up of this task.
         let mut dirty = true;
         // Since when a response is due but the transport has not taken the previous one.
         let mut blocked_since: Option<tokio::time::Instant> = None;
         loop {
-            if dirty && blocked_since.is_none() {
-                blocked_since = Some(tokio::time::Instant::now());
+            // The common case waits for nothing: the transport took the previous response.
+            if dirty {
+                match tx.try_reserve() {
+                    Ok(permit) => {
+                        blocked_since = None;
+                        dirty = self.write_next(host, permit, &mut receipts)?;
+                        continue;
+                    }
+                    Err(TrySendError::Full(())) => {
+                        blocked_since.get_or_insert_with(tokio::time::Instant::now);
+                    }
+                    Err(TrySendError::Closed(())) => return Ok(()),
+                }
             }
             let stuck_at = blocked_since
                 .filter(|_| dirty && !stuck_timeout.is_zero())
@@ -398,7 +408,7 @@ where
                     Ok(Some(req)) => {
                         admit(&req, &mut self.guard)?;
                         self.handle(host, req, fixed_type)?;
-                        dirty = true;
+                        dirty = dirty || lock(&self.core).has_work();
                     }
                     Ok(None) => return Ok(()),
                     Err(error) => {
@@ -418,43 +428,51 @@ where
                     ));
                 }
                 () = self.mailbox.notified() => {
-                    dirty |= self.mailbox.drain_into(&mut *lock(&self.core), &mut received)?;
+                    dirty |= self.mailbox.drain_into(&mut *lock(&self.core), &mut receipts)?;
                 }
                 permit = tx.reserve(), if dirty => {
                     let Ok(permit) = permit else { return Ok(()) };
                     blocked_since = None;
-                    let (next, refetch) = {
-                        let mut core = lock(&self.core);
-                        self.mailbox.drain_into(&mut *core, &mut received)?;
-                        let next = host.with_store(&self.membership, |store| core.next_frame(store));
-                        (next, core.take_refetch())
-                    };
-                    if !refetch.is_empty() {
-                        host.refetch(&self.membership, refetch);
-                    }
-                    match next {
-                        Some(out) => {
-                            debug!(type_url = %out.type_url, nonce = out.frame.nonce,
-                                resources = out.resources, shared = out.shared, "sending response");
-                            host.observe(StreamEvent::Sent {
-                                protocol,
-                                type_url: &out.type_url,
-                                resources: out.resources,
-                                bytes: out.frame.message_len(),
-                                received_at: received.remove(&out.type_url),
-                                shared: out.shared,
-                            });
-                            permit.send(Box::new(Ok(out.frame.bytes)));
-                        }
-                        None => {
-                            // Nothing due: what was received produced nothing to write.
-                            received.clear();
-                            dirty = false;
-                        }
-                    }
+                    dirty = self.write_next(host, permit, &mut receipts)?;
                 }
             }
         }
+    }
+
+    /// Writes the next response due, if any, into the transport's slot; returns whether another
+    /// may be due.
+    fn write_next(
+        &mut self,
+        host: &H,
+        permit: Permit<'_, Box<Result<Bytes, Status>>>,
+        receipts: &mut Receipts,
+    ) -> Result<bool, Refusal> {
+        let (next, refetch, more) = {
+            let mut core = lock(&self.core);
+            self.mailbox.drain_into(&mut *core, receipts)?;
+            let next = host.with_store(&self.membership, |store| core.next_frame(store));
+            (next, core.take_refetch(), core.has_work())
+        };
+        if !refetch.is_empty() {
+            host.refetch(&self.membership, refetch);
+        }
+        let Some(out) = next else {
+            // Nothing due: what was received produced nothing to write.
+            receipts.clear();
+            return Ok(false);
+        };
+        debug!(type_url = %out.type_url, nonce = out.frame.nonce,
+            resources = out.resources, shared = out.shared, "sending response");
+        host.observe(StreamEvent::Sent {
+            protocol: self.protocol,
+            type_url: &out.type_url,
+            resources: out.resources,
+            bytes: out.frame.message_len(),
+            received_at: receipts.take(&out.type_url),
+            shared: out.shared,
+        });
+        permit.send(Box::new(Ok(out.frame.bytes)));
+        Ok(more)
     }
 }
 

@@ -117,6 +117,9 @@ pub trait StreamCore: Clone {
     /// The next response to write, built from the store now and framed through its shared frame
     /// cache; `None` if nothing is due.
     fn next_frame(&mut self, store: &Store) -> Option<Outgoing>;
+    /// Whether a response may be due: cheap, and conservative (`next_frame` may still find
+    /// nothing to send). Lets the stream's task skip asking for a write slot when nothing is.
+    fn has_work(&self) -> bool;
     /// Keep responses within the client's receive limit where the protocol allows splitting.
     fn limit_response_bytes(&mut self, _bytes: usize) {}
     /// Every subscription the stream holds, released when it ends.

@@ -1279,6 +1279,9 @@ impl StreamCore for DeltaStream {
     fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
         DeltaStream::next_frame(self, store)
     }
+    fn has_work(&self) -> bool {
+        DeltaStream::has_work(self)
+    }
     fn limit_response_bytes(&mut self, bytes: usize) {
         self.max_response_bytes = bytes;
     }

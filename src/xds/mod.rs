@@ -7,6 +7,7 @@
 //! - [`contract`]: what both per-stream state machines implement ([`StreamCore`]) and speak in.
 //! - [`delta`]: the per-stream Delta state machine: requests and changes in, responses out.
 //! - [`sotw`]: the same contract for state-of-the-world.
+//! - [`wildcard_state`]: a wildcard SotW subscriber's full state, built once per store change.
 //! - [`frame`]: responses encoded once as gRPC messages and shared by every stream due them.
 //! - [`group`]: one aggregation group's store, interest, subscriber index and unsubscribed set.
 //! - [`packed`]: per-stream B-trees rebuilt dense after bulk inserts (a join fills them in order).
@@ -32,6 +33,7 @@ pub mod store;
 pub mod unacked;
 pub mod unsubscribed;
 pub mod upstream_session;
+pub mod wildcard_state;
 pub mod xdstp;
 
 pub use contract::{

@@ -24,6 +24,7 @@ use super::per_type::PerType;
 use super::resource::{Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
 use super::unacked::Unacked;
+use super::wildcard_state::{Held, WildcardState};
 use crate::pb::core::Node;
 use crate::pb::discovery::DiscoveryRequest;
 use crate::pb::wire;
@@ -107,9 +108,6 @@ impl SubscriptionStamps {
     }
 }
 
-/// The variant and version of a resource the client holds.
-type Held = (ConstraintKey, String);
-
 /// How the client tells a resource it holds apart (B20): by name for a by-name subscription, by
 /// name and variant for a locator subscription.
 fn wire_identity(r: &super::CachedResource, by_name: bool) -> (Name, ConstraintKey) {
@@ -122,6 +120,10 @@ fn wire_identity(r: &super::CachedResource, by_name: bool) -> (Name, ConstraintK
 }
 
 impl TypeState {
+    fn has_work(&self) -> bool {
+        self.dirty || self.force || !self.resend.is_empty()
+    }
+
     /// Records that the response being built leaves the client holding `held` for `l` (or not).
     fn set_sent(&mut self, l: &Locator, held: Option<Held>) {
         self.rejected.remove(l);
@@ -374,11 +376,16 @@ impl SotwStream {
         }
     }
 
+    /// Whether a response may be due (conservative: a build may still find nothing to send).
+    pub fn has_work(&self) -> bool {
+        self.types.iter().any(|(_, t)| t.has_work())
+    }
+
     fn next_content(&mut self, store: &Store) -> Option<wire::DiscoveryResponse> {
         let mut order: Vec<Name> = self
             .types
             .iter()
-            .filter(|(_, t)| t.dirty || t.force || !t.resend.is_empty())
+            .filter(|(_, t)| t.has_work())
             .map(|(k, _)| k.clone())
             .collect();
         order.sort_by_key(|t| (super::delta::type_rank(t), t.clone()));
@@ -392,6 +399,18 @@ impl SotwStream {
         // Changes staged by an earlier build belong to its response (or to none).
         ts.unacked.seal(ts.last_nonce.as_deref());
         let sent_before = ts.sent.len();
+        // The common case, a wildcard-only subscriber of a full-state type: the response every
+        // such stream gets is built once per store change (see `wildcard_state`).
+        if ts.wildcard && ts.subs.is_empty() && ts.rejected.is_empty() && is_full_state(type_url) {
+            let shared = store
+                .wildcard_states()
+                .get_or_build(type_url, wrap, &defaults, || {
+                    wildcard_state(store, type_url, wrap, &defaults)
+                });
+            if let Some(shared) = shared {
+                return Self::respond_with_shared(ts, type_url, &shared, sent_before);
+            }
+        }
         // (locator, by name): the requested set, plus every name of the type for a wildcard.
         let mut scope: BTreeMap<Locator, bool> = ts.subs.clone();
         if ts.wildcard {
@@ -579,6 +598,48 @@ impl SotwStream {
         })
     }
 
+    /// [`SotwStream::build`] for a wildcard-only subscriber from the shared state: the same
+    /// response the per-client build would make, at the cost of comparing what the client holds.
+    fn respond_with_shared(
+        ts: &mut TypeState,
+        type_url: &str,
+        shared: &WildcardState,
+        sent_before: usize,
+    ) -> Option<wire::DiscoveryResponse> {
+        let owed = ts.force || !ts.resend.is_empty();
+        ts.dirty = false;
+        ts.force = false;
+        ts.resend.clear();
+        let unchanged = ts.sent.len() == shared.held.len()
+            && ts
+                .sent
+                .iter()
+                .zip(&shared.held)
+                .all(|((l, h), (sl, sh))| l == sl && h == sh);
+        if unchanged && !owed {
+            return None;
+        }
+        let gone: Vec<Locator> = ts
+            .sent
+            .keys()
+            .filter(|l| shared.held.binary_search_by(|(sl, _)| sl.cmp(l)).is_err())
+            .cloned()
+            .collect();
+        for l in gone {
+            ts.set_sent(&l, None);
+        }
+        for (l, held) in &shared.held {
+            ts.set_sent(l, Some(held.clone()));
+        }
+        packed::repack_after_bulk(&mut ts.sent, sent_before);
+        Some(wire::DiscoveryResponse {
+            version_info: shared.version_info.clone(),
+            resources: shared.resources.clone(),
+            type_url: type_url.to_string(),
+            ..Default::default()
+        })
+    }
+
     pub fn subscriptions(&self) -> Vec<(Name, Locator)> {
         self.types
             .iter()
@@ -643,7 +704,45 @@ impl SotwStream {
 
 /// A digest of what the client holds: equal content, equal version, on any replica (D8). Never
 /// empty, so a client never mistakes it for "no state" (B7).
-fn version_of(held: &BTreeMap<Locator, Held>) -> String {
+/// The full state of `type_url` for a wildcard-only subscriber with `params`, as
+/// [`SotwStream::build`] would give it; `None` where each stream must build its own: the type is
+/// not synced yet, or it holds `do_not_cache` content (served per subscription, D2).
+fn wildcard_state(
+    store: &Store,
+    type_url: &str,
+    wrap: bool,
+    params: &Arc<Params>,
+) -> Option<WildcardState> {
+    if !store.wildcard_synced(type_url) {
+        return None;
+    }
+    let mut present: Vec<(Locator, &Arc<super::CachedResource>)> = Vec::new();
+    for name in store.names(type_url) {
+        if let Lookup::Present(r) = store.lookup_for(type_url, name, params) {
+            if r.do_not_cache && !store.is_source() {
+                return None;
+            }
+            present.push((Locator::with_params(name.clone(), params.clone()), r));
+        }
+    }
+    present.sort_by(|a, b| a.0.cmp(&b.0));
+    let resources = present
+        .iter()
+        .map(|(_, r)| r.sotw_bytes(wrap, true).clone())
+        .collect();
+    let held: Vec<(Locator, Held)> = present
+        .into_iter()
+        .map(|(l, r)| (l, (r.key.clone(), r.version.clone())))
+        .collect();
+    let version_info = version_of(held.iter().map(|(l, h)| (l, h)));
+    Some(WildcardState {
+        held,
+        resources,
+        version_info,
+    })
+}
+
+fn version_of<'a>(held: impl IntoIterator<Item = (&'a Locator, &'a Held)>) -> String {
     let mut h = Sha256::new();
     for (l, (key, version)) in held {
         h.update(l.name.as_bytes());
@@ -681,6 +780,9 @@ impl StreamCore for SotwStream {
     }
     fn next_frame(&mut self, store: &Store) -> Option<Outgoing> {
         SotwStream::next_frame(self, store)
+    }
+    fn has_work(&self) -> bool {
+        SotwStream::has_work(self)
     }
     fn subscriptions(&self) -> Vec<(Name, Locator)> {
         SotwStream::subscriptions(self)
