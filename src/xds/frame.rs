@@ -88,7 +88,9 @@ impl Content {
     }
 
     fn key(&self) -> u64 {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
+        // foldhash, not SipHash: this hashes every resource's address per stream per response,
+        // and the keys never leave the process.
+        let mut h = std::hash::BuildHasher::build_hasher(&foldhash::fast::FixedState::default());
         match self {
             Content::Delta(r) => {
                 0u8.hash(&mut h);

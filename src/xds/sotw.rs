@@ -610,26 +610,46 @@ impl SotwStream {
         ts.dirty = false;
         ts.force = false;
         ts.resend.clear();
-        let unchanged = ts.sent.len() == shared.held.len()
-            && ts
-                .sent
-                .iter()
-                .zip(&shared.held)
-                .all(|((l, h), (sl, sh))| l == sl && h == sh);
-        if unchanged && !owed {
+        // One merge walk of two sorted lists finds what differs; only that is recorded (this runs
+        // per client per change, and a change is usually one resource of many).
+        let mut changes: Vec<(Locator, Option<Held>)> = Vec::new();
+        let mut sent = ts.sent.iter().peekable();
+        let mut held = shared.held.iter().peekable();
+        loop {
+            match (sent.peek(), held.peek()) {
+                (None, None) => break,
+                (Some((l, _)), None) => {
+                    changes.push(((*l).clone(), None));
+                    sent.next();
+                }
+                (None, Some((l, h))) => {
+                    changes.push((l.clone(), Some(h.clone())));
+                    held.next();
+                }
+                (Some((sl, sh)), Some((l, h))) => match (*sl).cmp(l) {
+                    std::cmp::Ordering::Less => {
+                        changes.push(((*sl).clone(), None));
+                        sent.next();
+                    }
+                    std::cmp::Ordering::Greater => {
+                        changes.push((l.clone(), Some(h.clone())));
+                        held.next();
+                    }
+                    std::cmp::Ordering::Equal => {
+                        if *sh != h {
+                            changes.push((l.clone(), Some(h.clone())));
+                        }
+                        sent.next();
+                        held.next();
+                    }
+                },
+            }
+        }
+        if changes.is_empty() && !owed {
             return None;
         }
-        let gone: Vec<Locator> = ts
-            .sent
-            .keys()
-            .filter(|l| shared.held.binary_search_by(|(sl, _)| sl.cmp(l)).is_err())
-            .cloned()
-            .collect();
-        for l in gone {
-            ts.set_sent(&l, None);
-        }
-        for (l, held) in &shared.held {
-            ts.set_sent(l, Some(held.clone()));
+        for (l, now) in changes {
+            ts.set_sent(&l, now);
         }
         packed::repack_after_bulk(&mut ts.sent, sent_before);
         Some(wire::DiscoveryResponse {
