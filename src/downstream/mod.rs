@@ -1,10 +1,12 @@
 //! Downstream adapters: one task per client stream driving the protocol core, the reader of its
-//! requests, and the bounded change mailboxes that feed them.
+//! requests, the bounded change mailboxes that feed them, and the one-slot hand-off of responses
+//! to the HTTP/2 body.
 
 pub mod limits;
 pub mod mailbox;
 pub mod requests;
 pub mod services;
+pub mod slot;
 pub mod stream;
 
 pub use mailbox::Mailbox;

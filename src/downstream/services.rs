@@ -144,10 +144,8 @@ impl http_body::Body for FrameBody {
         };
         let status = match rx.poll_recv(cx) {
             Poll::Pending => return Poll::Pending,
-            Poll::Ready(Some(item)) => match *item {
-                Ok(bytes) => return Poll::Ready(Some(Ok(BodyFrame::data(bytes)))),
-                Err(status) => status,
-            },
+            Poll::Ready(Some(Ok(bytes))) => return Poll::Ready(Some(Ok(BodyFrame::data(bytes)))),
+            Poll::Ready(Some(Err(status))) => *status,
             Poll::Ready(None) => Status::ok(""),
         };
         self.responses = None;

@@ -5,14 +5,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
-use bytes::Bytes;
-use tokio::sync::mpsc::{self, error::TrySendError, Permit};
 use tonic::Status;
 use tracing::{debug, Instrument};
 
 use super::limits::{self, Refusal, RequestShape, StreamLimits, TokenBucket};
 use super::mailbox::{Mailbox, Receipts};
 use super::requests::RequestReader;
+use super::slot;
 use crate::metrics::StreamRejection;
 use crate::pb::core::Node;
 use crate::sync::lock;
@@ -171,7 +170,7 @@ impl ClientEntry {
 
 /// A stream's responses as the HTTP/2 body takes them: complete gRPC messages (shared frames),
 /// then at most one status. One slot: a slow reader never accumulates outdated responses.
-pub type Responses = mpsc::Receiver<Box<Result<Bytes, Status>>>;
+pub type Responses = slot::Receiver;
 
 /// Starts serving one stream and returns its responses for the body. `fixed_type` is the
 /// type_url of a per-type (non-ADS) service, filled into requests that leave it empty.
@@ -188,14 +187,13 @@ where
 {
     // One response in flight per stream: the rest stays as pending state in the state machine, so
     // a slow reader never accumulates outdated responses.
-    let (tx, rx) = mpsc::channel(1);
+    let (tx, rx) = slot::slot();
     tokio::spawn(drive::<H, C>(host, Box::new(inbound), tx, fixed_type, peer));
     rx
 }
 
-/// The response channel's sender. Items are boxed: tokio allocates channel slots 32 at a time
-/// whatever the capacity, and 32 unboxed frames-or-statuses cost ~6 KiB per client.
-type Outbox = mpsc::Sender<Box<Result<Bytes, Status>>>;
+/// The stream task's end of the response slot.
+type Outbox = slot::Sender;
 
 /// The request stream, boxed: an async fn keeps its arguments for its whole life, so the task's
 /// future holds 8 bytes here instead of the reader twice.
@@ -286,14 +284,14 @@ where
         host.observe(StreamEvent::Rejected(StreamRejection::MissingNode));
         debug!("rejecting a stream whose first request has no node");
         let _ = tx
-            .send(Box::new(Err(Status::invalid_argument(
+            .send(Err(Box::new(Status::invalid_argument(
                 "the first request on a stream must carry node",
             ))))
             .await;
         return None;
     };
     if let Err(status) = host.authorize(&node, peer.as_deref()) {
-        let _ = tx.send(Box::new(Err(status))).await;
+        let _ = tx.send(Err(Box::new(status))).await;
         return None;
     }
     let id = host.next_stream_id();
@@ -301,7 +299,7 @@ where
     let membership = match host.open(id, &node, mailbox.clone()) {
         Ok(s) => s,
         Err(status) => {
-            let _ = tx.send(Box::new(Err(status))).await;
+            let _ = tx.send(Err(Box::new(status))).await;
             return None;
         }
     };
@@ -388,16 +386,16 @@ where
         loop {
             // The common case waits for nothing: the transport took the previous response.
             if dirty {
-                match tx.try_reserve() {
-                    Ok(permit) => {
+                match tx.is_free() {
+                    Ok(true) => {
                         blocked_since = None;
-                        dirty = self.write_next(host, permit, &mut receipts)?;
+                        dirty = self.write_next(host, tx, &mut receipts)?;
                         continue;
                     }
-                    Err(TrySendError::Full(())) => {
+                    Ok(false) => {
                         blocked_since.get_or_insert_with(tokio::time::Instant::now);
                     }
-                    Err(TrySendError::Closed(())) => return Ok(()),
+                    Err(slot::Closed) => return Ok(()),
                 }
             }
             let stuck_at = blocked_since
@@ -430,21 +428,23 @@ where
                 () = self.mailbox.notified() => {
                     dirty |= self.mailbox.drain_into(&mut *lock(&self.core), &mut receipts)?;
                 }
-                permit = tx.reserve(), if dirty => {
-                    let Ok(permit) = permit else { return Ok(()) };
+                ready = tx.ready(), if dirty => {
+                    if ready.is_err() {
+                        return Ok(());
+                    }
                     blocked_since = None;
-                    dirty = self.write_next(host, permit, &mut receipts)?;
+                    dirty = self.write_next(host, tx, &mut receipts)?;
                 }
             }
         }
     }
 
-    /// Writes the next response due, if any, into the transport's slot; returns whether another
-    /// may be due.
+    /// Writes the next response due, if any, into the transport's slot (free: the caller saw
+    /// it so); returns whether another may be due.
     fn write_next(
         &mut self,
         host: &H,
-        permit: Permit<'_, Box<Result<Bytes, Status>>>,
+        tx: &Outbox,
         receipts: &mut Receipts,
     ) -> Result<bool, Refusal> {
         let (next, refetch, more) = {
@@ -471,7 +471,7 @@ where
             received_at: receipts.take(&out.type_url),
             shared: out.shared,
         });
-        permit.send(Box::new(Ok(out.frame.bytes)));
+        tx.put(Ok(out.frame.bytes));
         Ok(more)
     }
 }
@@ -501,7 +501,7 @@ async fn refuse<H: StreamHost>(host: &H, tx: &Outbox, refusal: Refusal) {
     debug!(code = ?status.code(), message = %status.message(), "ending stream");
     let _ = tokio::time::timeout(
         std::time::Duration::from_secs(1),
-        tx.send(Box::new(Err(status))),
+        tx.send(Err(Box::new(status))),
     )
     .await;
 }
