@@ -41,7 +41,7 @@ pub enum Held {
     /// this client receives the new version.
     Sent(Arc<CachedResource>),
     /// A version the client reported in `initial_resource_versions` (plain name, no variant).
-    Reported(Arc<str>),
+    Reported(Name),
 }
 
 static UNCONSTRAINED: ConstraintKey = ConstraintKey::UNCONSTRAINED;

@@ -2,7 +2,7 @@
 //!
 //! Ten thousand clients subscribing to the same ClusterLoadAssignment each send its name; kept as
 //! sent, every client's subscriptions, held records and the store would each own a copy. Names
-//! taken in through [`intern`] share one `Arc<str>` instead, so a name costs its bytes once plus a
+//! taken in through [`intern`] share one refcounted string instead, so a name costs its bytes once plus a
 //! pointer per holder. The versions clients report on reconnecting (Delta
 //! `initial_resource_versions`) go through the same pool: a fleet reports the same few.
 //!
@@ -13,13 +13,16 @@
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{LazyLock, Mutex};
+
+use arcstr::ArcStr;
 
 use crate::sync::lock;
 
 /// Resource names are shared by the store, every subscriber index and every pending set, so they are
-/// reference counted rather than copied per client.
-pub type Name = Arc<str>;
+/// reference counted rather than copied per client; a thin pointer (length and count live with the
+/// bytes), since every stream keeps a couple of hundred of them in its records.
+pub type Name = ArcStr;
 
 const SHARDS: usize = 16;
 /// A shard is not swept before it holds this many names.
@@ -44,7 +47,9 @@ pub fn intern(name: &str) -> Name {
     }
     if shard.names.len() >= (2 * shard.after_sweep).max(MIN_SWEEP) {
         // Only the pool holds such a name, and only under this lock could anyone get it.
-        shard.names.retain(|n| Arc::strong_count(n) > 1);
+        shard
+            .names
+            .retain(|n| ArcStr::strong_count(n).is_some_and(|c| c > 1));
         shard.after_sweep = shard.names.len();
     }
     let n = Name::from(name);
@@ -56,27 +61,33 @@ pub fn intern(name: &str) -> Name {
 mod tests {
     use super::*;
 
+    fn pooled(name: &str) -> bool {
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(name);
+        lock(&POOL[hash as usize % SHARDS]).names.contains(name)
+    }
+
     #[test]
     fn equal_names_share_one_allocation() {
         let a = intern("names-test-cluster-a");
         let b = intern(&String::from("names-test-cluster-a"));
-        assert!(Arc::ptr_eq(&a, &b));
-        assert!(!Arc::ptr_eq(&a, &intern("names-test-cluster-b")));
+        assert!(ArcStr::ptr_eq(&a, &b));
+        assert!(!ArcStr::ptr_eq(&a, &intern("names-test-cluster-b")));
     }
 
     #[test]
     fn names_nobody_holds_are_dropped_by_a_later_sweep() {
         let kept = intern("names-test-kept");
-        let dropped = Arc::downgrade(&intern("names-test-dropped"));
+        drop(intern("names-test-dropped"));
+        assert!(pooled("names-test-dropped"));
         // Enough new names to make every shard sweep at least once.
         let fill: Vec<Name> = (0..SHARDS * MIN_SWEEP * 4)
             .map(|i| intern(&format!("names-test-fill-{i}")))
             .collect();
         assert!(
-            dropped.upgrade().is_none(),
+            !pooled("names-test-dropped"),
             "an unheld name stays in the pool"
         );
-        assert!(Arc::ptr_eq(&kept, &intern("names-test-kept")));
+        assert!(ArcStr::ptr_eq(&kept, &intern("names-test-kept")));
         drop(fill);
     }
 }
