@@ -26,6 +26,7 @@ pub struct Locator {
 // a stream's default parameters) are equal without reading them: every stream's maps are keyed
 // by locators, and this comparison is most of a join's B-tree lookups.
 impl PartialEq for Locator {
+    #[inline]
     fn eq(&self, other: &Self) -> bool {
         (Name::ptr_eq(&self.name, &other.name) || self.name == other.name)
             && (Arc::ptr_eq(&self.params, &other.params) || self.params == other.params)
@@ -36,6 +37,7 @@ impl Eq for Locator {}
 
 // Hashes the content, so equal locators (by the comparison above) hash alike.
 impl std::hash::Hash for Locator {
+    #[inline]
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.name.hash(state);
         self.params.hash(state);
@@ -43,6 +45,8 @@ impl std::hash::Hash for Locator {
 }
 
 impl Ord for Locator {
+    // Inlined: B-tree searches of every stream's records call it in their inner loop.
+    #[inline]
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         let name = if Name::ptr_eq(&self.name, &other.name) {
             std::cmp::Ordering::Equal
@@ -60,6 +64,7 @@ impl Ord for Locator {
 }
 
 impl PartialOrd for Locator {
+    #[inline]
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(other))
     }
