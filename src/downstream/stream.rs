@@ -384,7 +384,8 @@ where
         // Since when a response is due but the transport has not taken the previous one.
         let mut blocked_since: Option<tokio::time::Instant> = None;
         loop {
-            // The common case waits for nothing: the transport took the previous response.
+            // Write whenever a response may be due and the transport took the previous one; the
+            // select below waits only when the slot is still full.
             if dirty {
                 match tx.is_free() {
                     Ok(true) => {
@@ -428,19 +429,18 @@ where
                 () = self.mailbox.notified() => {
                     dirty |= self.mailbox.drain_into(&mut *lock(&self.core), &mut receipts)?;
                 }
+                // The slot emptied: the write happens at the top of the loop.
                 ready = tx.ready(), if dirty => {
                     if ready.is_err() {
                         return Ok(());
                     }
-                    blocked_since = None;
-                    dirty = self.write_next(host, tx, &mut receipts)?;
                 }
             }
         }
     }
 
-    /// Writes the next response due, if any, into the transport's slot (free: the caller saw
-    /// it so); returns whether another may be due.
+    /// Writes the next response due, if any, into the transport's slot (the caller saw it
+    /// free); returns whether another may be due.
     fn write_next(
         &mut self,
         host: &H,

@@ -722,8 +722,6 @@ impl SotwStream {
     }
 }
 
-/// A digest of what the client holds: equal content, equal version, on any replica (D8). Never
-/// empty, so a client never mistakes it for "no state" (B7).
 /// The full state of `type_url` for a wildcard-only subscriber with `params`, as
 /// [`SotwStream::build`] would give it; `None` where each stream must build its own: the type is
 /// not synced yet, or it holds `do_not_cache` content (served per subscription, D2).
@@ -762,6 +760,8 @@ fn wildcard_state(
     })
 }
 
+/// A digest of what the client holds: equal content, equal version, on any replica (D8). Never
+/// empty, so a client never mistakes it for "no state" (B7).
 fn version_of<'a>(held: impl IntoIterator<Item = (&'a Locator, &'a Held)>) -> String {
     let mut h = Sha256::new();
     for (l, (key, version)) in held {

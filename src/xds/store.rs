@@ -175,7 +175,7 @@ pub struct Store {
     /// Responses built from this store, framed once and shared by the streams due them.
     frames: FrameCache,
     /// Full states for wildcard-only SotW subscribers, built once per change; every `&mut self`
-    /// method clears them.
+    /// method that changes content clears them (`apply_delta` through `apply`).
     wildcard_states: WildcardStates,
 }
 
@@ -604,7 +604,6 @@ impl Store {
         removed: Vec<String>,
         wildcard_answered: bool,
     ) -> Result<ChangeSet, ApplyError> {
-        self.wildcard_states.clear();
         self.apply(
             type_url,
             UpstreamUpdate {
