@@ -568,7 +568,10 @@ pub async fn run(
         u64::from(args.updates),
         &format!("{} updates", target.name()),
     );
-    for g in 1..=args.updates {
+    // CPU per delivery counts from the end of the warm-up updates.
+    let mut updates_from = connected;
+    let warmups = args.warmup_updates;
+    for g in 1..=warmups + args.updates {
         let began = Instant::now();
         let changed = workload.pick(args.update_pattern, &mut rng);
         versions.apply(&changed, g);
@@ -587,13 +590,29 @@ pub async fn run(
             _ => unreachable!("resources are prepared for a control plane"),
         }
         let expected = spec.expected_count;
+        let measured = g.saturating_sub(warmups);
         let timed_out = measure::wait_update(&spec, timeout, |done| {
+            let what = if measured == 0 {
+                format!("warm-up update {g}")
+            } else {
+                format!("update {measured}")
+            };
             ubar.set(
-                u64::from(g - 1),
-                format!("update {g}: {done}/{expected} clients"),
+                u64::from(measured.saturating_sub(1)),
+                format!("{what}: {done}/{expected} clients"),
             )
         })
         .await;
+        if measured == 0 {
+            if g == warmups {
+                updates_from = sample(pid);
+            }
+            tokio::time::sleep_until(
+                (began + Duration::from_millis(args.update_interval_ms)).into(),
+            )
+            .await;
+            continue;
+        }
         let res = UpdateResult::from_spec(&spec, timed_out);
         for &us in crate::sync::lock(&spec.latencies_us).iter() {
             let _ = all.record(us.max(1));
@@ -602,7 +621,7 @@ pub async fn run(
             let _ = fanout.record(((res.max_ms * 1000.0) as u64).max(1));
         }
         ubar.set(
-            u64::from(g),
+            u64::from(measured),
             format!(
                 "last: p50 {:.2} p99 {:.2} max {:.2} ms{}",
                 res.p50_ms,
@@ -678,7 +697,7 @@ pub async fn run(
     let busy_s: f64 = results.iter().map(|r| r.max_ms).sum::<f64>() / 1000.0;
     let upstream_figs = Some(upstream.stats().await);
     let server = pid.map(|pid| {
-        let cpu_updates_s = after.cpu_s - connected.cpu_s;
+        let cpu_updates_s = after.cpu_s - updates_from.cpu_s;
         let cpu_connect_s = connected.cpu_s - baseline.cpu_s;
         ServerFigures {
             pid,

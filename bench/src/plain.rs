@@ -7,7 +7,8 @@
 //!
 //! Delta: Clusters and Listeners by wildcard (legacy empty first subscribe, or `*`),
 //! ClusterLoadAssignments by name; `initial_resource_versions` is honoured, so a reconnecting
-//! client only receives what changed. SotW: the full state of a type whenever anything the client
+//! client only receives what changed (and, for a wildcard type, the one empty response
+//! conformance A2 requires, as go-control-plane sends it). SotW: the full state of a type whenever anything the client
 //! subscribes to changed (Clusters and Listeners by wildcard, EDS by name).
 
 use std::collections::{HashMap, HashSet};
@@ -133,6 +134,8 @@ struct TypeState {
     names: HashSet<String>,
     /// name -> version the client holds (sent to it, or announced in initial_resource_versions).
     held: HashMap<String, String>,
+    /// Delta: a response of this type went out on the stream.
+    answered: bool,
 }
 
 impl TypeState {
@@ -176,10 +179,18 @@ impl Session {
         self.nonce.to_string()
     }
 
-    /// Delta: the response for `kind` carrying what the client lacks, if anything.
+    /// Delta: the response for `kind` carrying what the client lacks, if anything. Like
+    /// go-control-plane, the first response to a wildcard subscription on a stream goes out even
+    /// when empty (conformance A2: Envoy waits for it to finish initialising), so a reconnecting
+    /// wildcard client whose versions are all current gets one empty response per type.
     fn delta_response(&mut self, kind: Kind, snap: &Snapshot) -> Option<DeltaDiscoveryResponse> {
-        let resources = self.types[kind as usize].take_changed(kind, snap);
-        (!resources.is_empty()).then(|| DeltaDiscoveryResponse {
+        let t = &mut self.types[kind as usize];
+        let resources = t.take_changed(kind, snap);
+        if resources.is_empty() && (t.answered || !t.wildcard) {
+            return None;
+        }
+        t.answered = true;
+        Some(DeltaDiscoveryResponse {
             system_version_info: format!("g{}", snap.generation),
             resources,
             type_url: kind.type_url().into(),

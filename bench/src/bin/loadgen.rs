@@ -57,6 +57,7 @@ async fn main() -> ExitCode {
         eprintln!("loadgen: {e}");
         return ExitCode::from(64);
     }
+    procfs::keep_freed_memory();
     let limit = procfs::raise_nofile();
     let need = files_needed(&args);
     if need > limit {
