@@ -347,24 +347,35 @@ fn join_group() -> GroupState {
         .collect();
     store.apply_delta(EDS, eds, vec![], false).unwrap();
     let mut group = GroupState::new(Duration::from_secs(30)).with_store(store);
-    // The rest of the fleet: every name keeps a subscriber, so a client's arrival and departure
-    // are not the first or last reference (as in a 10,000-client join or storm).
-    let mut fleet = DeltaStream::new();
-    for (type_url, names) in [
-        (CDS, vec![]),
-        (EDS, (0..1000).map(|i| format!("e{i}")).collect()),
-    ] {
-        let effects = fleet
-            .on_request(&DeltaDiscoveryRequest {
-                type_url: type_url.into(),
-                resource_names_subscribe: names,
-                ..Default::default()
-            })
-            .unwrap();
-        group.apply_effects(0, &effects, Instant::now());
+    // The rest of the fleet, as in a 10,000-client join or storm: every name keeps subscribers,
+    // so a client's arrival and departure are not the first or last reference, and the group's
+    // index holds 10,000 wildcard subscribers and about 500 per endpoint name.
+    for id in 0..FLEET {
+        let mut fleet = DeltaStream::new();
+        for (type_url, names) in [
+            (CDS, vec![]),
+            (
+                EDS,
+                (0..50)
+                    .map(|i| format!("e{}", (id * 7 + i) % 1000))
+                    .collect(),
+            ),
+        ] {
+            let effects = fleet
+                .on_request(&DeltaDiscoveryRequest {
+                    type_url: type_url.into(),
+                    resource_names_subscribe: names,
+                    ..Default::default()
+                })
+                .unwrap();
+            group.apply_effects(id, &effects, Instant::now());
+        }
     }
     group
 }
+
+/// Streams already in the group when the benchmarked client joins.
+const FLEET: u64 = 10_000;
 
 /// One simulated client's whole stream, as a stream task drives it: the wildcard Cluster request
 /// and a request for 50 endpoint names (with `initial_resource_versions` when `resume`), their
@@ -433,7 +444,7 @@ fn delta_resume_one_client(bencher: Bencher) {
 /// resources.
 fn bench_client_streams(bencher: Bencher, resume: bool, sent: usize) {
     let mut group = join_group();
-    let mut id = 0;
+    let mut id = FLEET;
     bencher.bench_local(|| {
         id += 1;
         let got = client_stream(&mut group, id, resume);

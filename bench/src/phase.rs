@@ -180,6 +180,7 @@ fn upstream_delta(from: &UpstreamFigures, to: &UpstreamFigures) -> UpstreamFigur
 /// after.
 async fn storm(
     upstream: &mut Upstream,
+    pid: Option<u32>,
     ctx: &RunCtx,
     ctrl_txs: &[mpsc::Sender<Ctrl>],
     timeout: Duration,
@@ -188,6 +189,7 @@ async fn storm(
 ) -> StormFigures {
     let clients = ctx.synced.load(Ordering::Acquire);
     let before = upstream.stats().await;
+    let cpu_before = sample(pid);
     let start = Instant::now();
     *crate::sync::lock(&ctx.storm_start) = Some(start);
     for tx in ctrl_txs {
@@ -212,6 +214,8 @@ async fn storm(
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = upstream.stats().await;
+    let server_cpu_per_client_us =
+        pid.map(|_| (sample(pid).cpu_s - cpu_before.cpu_s) * 1e6 / clients.max(1) as f64);
     let f = StormFigures {
         clients,
         resynced: ctx.resynced.load(Ordering::Acquire),
@@ -223,9 +227,10 @@ async fn storm(
         upstream_during: upstream_delta(&before, &resynced_at),
         upstream_after: upstream_delta(&resynced_at, &after),
         upstream_before: before,
+        server_cpu_per_client_us,
     };
     progress.line(format!(
-        "{target} storm: {}/{} clients synced again in {:.1} ms (p50 {:.1} p99 {:.1}){}; upstream saw {} requests, {} new streams",
+        "{target} storm: {}/{} clients synced again in {:.1} ms (p50 {:.1} p99 {:.1}){}; upstream saw {} requests, {} new streams{}",
         f.resynced,
         f.clients,
         f.wall_ms,
@@ -233,7 +238,10 @@ async fn storm(
         f.time_to_resync.p99_ms,
         if timed_out { " TIMED OUT" } else { "" },
         f.upstream_requests,
-        f.upstream_streams_opened
+        f.upstream_streams_opened,
+        server_cpu_per_client_us.map_or(String::new(), |us| format!(
+            "; server CPU {us:.0} us per client"
+        ))
     ));
     f
 }
@@ -668,6 +676,7 @@ pub async fn run(
         Some(
             storm(
                 &mut upstream,
+                pid,
                 &ctx,
                 &ctrl_txs,
                 timeout,

@@ -111,6 +111,10 @@ pub struct StormFigures {
     pub upstream_during: UpstreamFigures,
     /// Opened / requested in the 2 s after the resync; open at its end.
     pub upstream_after: UpstreamFigures,
+    /// The server's CPU per reconnecting client, from the storm start until 2 s after the
+    /// resync (the answers and ACKs that follow the reopened streams included); None without a
+    /// server pid.
+    pub server_cpu_per_client_us: Option<f64>,
 }
 
 /// `--hold-secs` with no churn: the relay holding every client with nothing changing.
@@ -158,6 +162,7 @@ pub struct Ratio {
     pub cpu_per_joining_client: f64,
     pub join_responses_per_client: f64,
     pub storm_wall: f64,
+    pub storm_cpu_per_client: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -203,6 +208,7 @@ fn ratio(relay: &PhaseReport, other: &PhaseReport) -> Ratio {
         cpu_per_joining_client: f(|p| p.server.as_ref().map(|s| s.cpu_per_joining_client_us)),
         join_responses_per_client: div(relay.join_responses as f64, other.join_responses as f64),
         storm_wall: f(|p| p.storm.as_ref().map(|s| s.wall_ms)),
+        storm_cpu_per_client: f(|p| p.storm.as_ref().and_then(|s| s.server_cpu_per_client_us)),
     }
 }
 
@@ -221,7 +227,7 @@ pub fn ratios(phases: &[PhaseReport]) -> Ratios {
 /// One row of the side-by-side table: a figure per target, formatted; None where not measured.
 type Row = (&'static str, fn(&PhaseReport) -> Option<f64>, usize);
 
-const SIDE_BY_SIDE: [Row; 8] = [
+const SIDE_BY_SIDE: [Row; 9] = [
     (
         "RSS per client after join, KiB",
         |p| p.server.as_ref().map(|s| s.rss_per_client_kb),
@@ -260,6 +266,11 @@ const SIDE_BY_SIDE: [Row; 8] = [
     (
         "reconnect storm, all resynced, ms",
         |p| p.storm.as_ref().map(|s| s.wall_ms),
+        0,
+    ),
+    (
+        "server CPU per reconnecting client, us",
+        |p| p.storm.as_ref().and_then(|s| s.server_cpu_per_client_us),
         0,
     ),
 ];

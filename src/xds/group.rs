@@ -11,7 +11,7 @@
 //! lapsed subscription (D5). Names a client subscribes to, or that a client's wildcard of the type
 //! covers, are never in the set.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::contract::RequestEffects;
@@ -24,13 +24,19 @@ use super::xdstp;
 /// Identifies a downstream stream within the process.
 pub type StreamId = u64;
 
+/// The streams subscribed to one name, with how many of their locators carry it. A B-tree, not a
+/// hash map: a reconnect storm removes and re-adds every stream of a name at once, which leaves a
+/// hash table's probe sequences long with deleted slots; stream ids only grow, so new entries go
+/// to the tree's right edge.
+type Subscribers = BTreeMap<StreamId, u32>;
+
 #[derive(Debug, Default)]
 pub struct GroupState {
     pub(super) store: Store,
     pub(super) interest: Interest,
     /// type_url -> name (or `"*"`) -> streams subscribed to it, with how many of their locators
     /// carry that name.
-    index: HashMap<String, HashMap<Name, HashMap<StreamId, u32>>>,
+    index: HashMap<String, HashMap<Name, Subscribers>>,
     /// Names (and lingering wildcards) held upstream that no client wants, within a byte budget.
     pub(super) unsubscribed: UnsubscribedSet,
     /// The upstream stream must be re-established to get a full answer (taken by the upstream
@@ -221,18 +227,21 @@ impl GroupState {
 
     /// A stream ended: release everything it held (F9).
     pub fn remove_stream(&mut self, stream: StreamId, held: &[(Name, Locator)], now: Instant) {
-        let mut touched: HashMap<&str, Vec<Name>> = HashMap::new();
-        for (type_url, l) in held {
-            if let Some(by_name) = self.index.get_mut(&**type_url) {
+        // `held` comes grouped by type: one index lookup per type, not per locator.
+        for run in held.chunk_by(|a, b| a.0 == b.0) {
+            let type_url = &*run[0].0;
+            let Some(by_name) = self.index.get_mut(type_url) else {
+                continue;
+            };
+            let mut touched = Vec::new();
+            for (_, l) in run {
                 if Self::unindex(by_name, &l.name, stream)
                     && self.interest.release(type_url, l, now)
                 {
-                    touched.entry(&**type_url).or_default().push(l.name.clone());
+                    touched.push(l.name.clone());
                 }
             }
-        }
-        for (type_url, names) in touched {
-            self.settle(type_url, names);
+            self.settle(type_url, touched);
         }
     }
 
@@ -357,11 +366,7 @@ impl GroupState {
         }
     }
 
-    fn unindex(
-        by_name: &mut HashMap<Name, HashMap<StreamId, u32>>,
-        name: &Name,
-        stream: StreamId,
-    ) -> bool {
+    fn unindex(by_name: &mut HashMap<Name, Subscribers>, name: &Name, stream: StreamId) -> bool {
         let Some(streams) = by_name.get_mut(name) else {
             return false;
         };
@@ -530,7 +535,7 @@ impl GroupState {
         self.index
             .get(type_url)
             .and_then(|m| m.get(name))
-            .map_or(0, HashMap::len)
+            .map_or(0, BTreeMap::len)
     }
 }
 
