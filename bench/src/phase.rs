@@ -190,6 +190,7 @@ async fn storm(
     let clients = ctx.synced.load(Ordering::Acquire);
     let before = upstream.stats().await;
     let cpu_before = sample(pid);
+    let own_before = procfs::sample_self();
     let start = Instant::now();
     *crate::sync::lock(&ctx.storm_start) = Some(start);
     for tx in ctrl_txs {
@@ -214,8 +215,9 @@ async fn storm(
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = upstream.stats().await;
-    let server_cpu_per_client_us =
-        pid.map(|_| (sample(pid).cpu_s - cpu_before.cpu_s) * 1e6 / clients.max(1) as f64);
+    let per_client = |cpu_s: f64| cpu_s * 1e6 / clients.max(1) as f64;
+    let server_cpu_per_client_us = pid.map(|_| per_client(sample(pid).cpu_s - cpu_before.cpu_s));
+    let loadgen_cpu_per_client_us = per_client(procfs::sample_self().cpu_s - own_before.cpu_s);
     let f = StormFigures {
         clients,
         resynced: ctx.resynced.load(Ordering::Acquire),
@@ -228,6 +230,7 @@ async fn storm(
         upstream_after: upstream_delta(&resynced_at, &after),
         upstream_before: before,
         server_cpu_per_client_us,
+        loadgen_cpu_per_client_us,
     };
     progress.line(format!(
         "{target} storm: {}/{} clients synced again in {:.1} ms (p50 {:.1} p99 {:.1}){}; upstream saw {} requests, {} new streams{}",
@@ -241,7 +244,7 @@ async fn storm(
         f.upstream_streams_opened,
         server_cpu_per_client_us.map_or(String::new(), |us| format!(
             "; server CPU {us:.0} us per client"
-        ))
+        )) + &format!(", loadgen's {loadgen_cpu_per_client_us:.0} us")
     ));
     f
 }

@@ -115,6 +115,9 @@ pub struct StormFigures {
     /// resync (the answers and ACKs that follow the reopened streams included); None without a
     /// server pid.
     pub server_cpu_per_client_us: Option<f64>,
+    /// loadgen's own CPU per reconnecting client over the same window: the clients' side of the
+    /// storm, which shares the machine's cores with the server.
+    pub loadgen_cpu_per_client_us: f64,
 }
 
 /// `--hold-secs` with no churn: the relay holding every client with nothing changing.
@@ -227,7 +230,7 @@ pub fn ratios(phases: &[PhaseReport]) -> Ratios {
 /// One row of the side-by-side table: a figure per target, formatted; None where not measured.
 type Row = (&'static str, fn(&PhaseReport) -> Option<f64>, usize);
 
-const SIDE_BY_SIDE: [Row; 9] = [
+const SIDE_BY_SIDE: [Row; 10] = [
     (
         "RSS per client after join, KiB",
         |p| p.server.as_ref().map(|s| s.rss_per_client_kb),
@@ -271,6 +274,11 @@ const SIDE_BY_SIDE: [Row; 9] = [
     (
         "server CPU per reconnecting client, us",
         |p| p.storm.as_ref().and_then(|s| s.server_cpu_per_client_us),
+        0,
+    ),
+    (
+        "loadgen CPU per reconnecting client, us",
+        |p| p.storm.as_ref().map(|s| s.loadgen_cpu_per_client_us),
         0,
     ),
 ];
