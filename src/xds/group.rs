@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::contract::RequestEffects;
 use super::interest::{Interest, UpstreamChange, WILDCARD};
+use super::names::NameMap;
 use super::resource::{Locator, Name};
 use super::store::{ApplyError, ChangeSet, ExportedType, Lookup, Store, UpstreamUpdate};
 use super::unsubscribed::UnsubscribedSet;
@@ -36,7 +37,7 @@ pub struct GroupState {
     pub(super) interest: Interest,
     /// type_url -> name (or `"*"`) -> streams subscribed to it, with how many of their locators
     /// carry that name.
-    index: HashMap<String, HashMap<Name, Subscribers>>,
+    index: HashMap<String, NameMap<Name, Subscribers>>,
     /// Names (and lingering wildcards) held upstream that no client wants, within a byte budget.
     pub(super) unsubscribed: UnsubscribedSet,
     /// The upstream stream must be re-established to get a full answer (taken by the upstream
@@ -366,7 +367,7 @@ impl GroupState {
         }
     }
 
-    fn unindex(by_name: &mut HashMap<Name, Subscribers>, name: &Name, stream: StreamId) -> bool {
+    fn unindex(by_name: &mut NameMap<Name, Subscribers>, name: &Name, stream: StreamId) -> bool {
         let Some(streams) = by_name.get_mut(name) else {
             return false;
         };

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+use super::names::NameMap;
 use super::resource::{Locator, Name};
 
 pub const WILDCARD: &str = "*";
@@ -26,11 +27,11 @@ pub const WILDCARD_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Default)]
 struct TypeInterest {
-    refs: HashMap<Locator, u32>,
+    refs: NameMap<Locator, u32>,
     /// Locators per name, for `wants(name)`.
-    names: HashMap<Name, u32>,
+    names: NameMap<Name, u32>,
     /// Locators per name with a downstream reference (not lingering), for `referenced(name)`.
-    referenced: HashMap<Name, u32>,
+    referenced: NameMap<Name, u32>,
     /// Locators nobody wants any more, kept subscribed upstream until the deadline (C15).
     lingering: HashMap<Locator, Instant>,
     /// Changes not yet sent upstream.
@@ -72,7 +73,7 @@ impl TypeInterest {
     }
 }
 
-fn bump(map: &mut HashMap<Name, u32>, name: &Name, delta: i32) {
+fn bump(map: &mut NameMap<Name, u32>, name: &Name, delta: i32) {
     let c = map.entry(name.clone()).or_insert(0);
     *c = c.saturating_add_signed(delta);
     if *c == 0 {
