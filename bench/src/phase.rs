@@ -233,7 +233,7 @@ async fn storm(
         loadgen_cpu_per_client_us,
     };
     progress.line(format!(
-        "{target} storm: {}/{} clients synced again in {:.1} ms (p50 {:.1} p99 {:.1}){}; upstream saw {} requests, {} new streams{}",
+        "{target} storm: {}/{} clients synced again in {:.1} ms (p50 {:.1} p99 {:.1}){}; upstream saw {} requests, {} new streams{}; loadgen CPU {:.0} us per client",
         f.resynced,
         f.clients,
         f.wall_ms,
@@ -244,7 +244,8 @@ async fn storm(
         f.upstream_streams_opened,
         server_cpu_per_client_us.map_or(String::new(), |us| format!(
             "; server CPU {us:.0} us per client"
-        )) + &format!(", loadgen's {loadgen_cpu_per_client_us:.0} us")
+        )),
+        loadgen_cpu_per_client_us,
     ));
     f
 }
@@ -618,30 +619,26 @@ pub async fn run(
             if g == warmups {
                 updates_from = sample(pid);
             }
-            tokio::time::sleep_until(
-                (began + Duration::from_millis(args.update_interval_ms)).into(),
-            )
-            .await;
-            continue;
+        } else {
+            let res = UpdateResult::from_spec(&spec, timed_out);
+            for &us in crate::sync::lock(&spec.latencies_us).iter() {
+                let _ = all.record(us.max(1));
+            }
+            if res.delivered_clients > 0 {
+                let _ = fanout.record(((res.max_ms * 1000.0) as u64).max(1));
+            }
+            ubar.set(
+                u64::from(measured),
+                format!(
+                    "last: p50 {:.2} p99 {:.2} max {:.2} ms{}",
+                    res.p50_ms,
+                    res.p99_ms,
+                    res.max_ms,
+                    if timed_out { " TIMED OUT" } else { "" }
+                ),
+            );
+            results.push(res);
         }
-        let res = UpdateResult::from_spec(&spec, timed_out);
-        for &us in crate::sync::lock(&spec.latencies_us).iter() {
-            let _ = all.record(us.max(1));
-        }
-        if res.delivered_clients > 0 {
-            let _ = fanout.record(((res.max_ms * 1000.0) as u64).max(1));
-        }
-        ubar.set(
-            u64::from(measured),
-            format!(
-                "last: p50 {:.2} p99 {:.2} max {:.2} ms{}",
-                res.p50_ms,
-                res.p99_ms,
-                res.max_ms,
-                if timed_out { " TIMED OUT" } else { "" }
-            ),
-        );
-        results.push(res);
         let next = began + Duration::from_millis(args.update_interval_ms);
         tokio::time::sleep_until(next.into()).await;
     }

@@ -23,12 +23,13 @@ use super::constraints::{self, ConstraintKey, Params};
 use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeView};
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
+use super::names::{self, NameMap};
 use super::packed;
 use super::per_type::PerType;
 use super::resource::{canonical_name, CachedResource, Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
 use super::unacked::Unacked;
-use super::{names, xdstp};
+use super::xdstp;
 use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceError, ResourceName};
 use crate::pb::wire;
 
@@ -342,8 +343,8 @@ struct Builder {
     /// Encoded size of `resources`, to keep responses within the stream's size limit.
     bytes: usize,
     /// Wire identity (see [`wire_id`]) -> the resource sent under it. Only cached resources (names
-    /// the upstream sent) are keys, hashed with foldhash: this is one insert per resource sent.
-    added: HashMap<(Name, ConstraintKey, bool), Arc<CachedResource>, foldhash::fast::RandomState>,
+    /// the upstream sent) are keys, hashed with foldhash (`NameMap`): one insert per resource sent.
+    added: NameMap<(Name, ConstraintKey, bool), Arc<CachedResource>>,
     removed: BTreeSet<String>,
     removed_variants: Vec<ResourceName>,
     errors: Vec<ResourceError>,

@@ -29,7 +29,8 @@ pub type Name = ArcStr;
 /// foldhash costs a fraction of the standard library's SipHash on names this short. Seeded per
 /// process (names come from peers), as the standard hasher is.
 pub type NameMap<K, V> = HashMap<K, V, Hasher>;
-/// The hasher of [`NameMap`] and of the pool.
+/// The core's hasher for maps whose keys are names, type URLs or other peer-sent strings:
+/// [`NameMap`], the pool, the store's types, a response's resources.
 pub type Hasher = foldhash::fast::RandomState;
 
 const SHARDS: usize = 16;

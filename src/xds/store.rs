@@ -12,6 +12,7 @@ use bytes::Bytes;
 
 use super::constraints::{self, ConstraintKey, Params, Selection};
 use super::frame::FrameCache;
+use super::names::Hasher;
 use super::resource::{canonical_name, CachedResource, Name, ResourceError};
 use super::wildcard_state::WildcardStates;
 use super::xdstp;
@@ -161,8 +162,8 @@ pub struct UpstreamUpdate {
 #[derive(Debug, Default)]
 pub struct Store {
     /// Looked up by type URL for every name of every response built (URLs of ~60 bytes): hashed
-    /// with foldhash rather than SipHash. The keys are the types the upstream sent.
-    types: HashMap<String, TypeStore, foldhash::fast::RandomState>,
+    /// with foldhash (`names::Hasher`) rather than SipHash. The keys are the types the upstream sent.
+    types: HashMap<String, TypeStore, Hasher>,
     /// The store is the source of truth (the demo control plane): names it lacks do not exist.
     complete: bool,
     /// Incremented by every applied response; stamped on resources as their `arrival`.
