@@ -187,6 +187,20 @@ impl TypeState {
         }
     }
 
+    /// Whether a change to `name` can alter what this stream holds or is owed: it is covered by
+    /// the wildcard, subscribed (by name or through its glob collection, A28), held, or forced.
+    /// A change set names everything one upstream response changed; most of it concerns other
+    /// streams of the group, and evaluating it here would cost per stream per name.
+    fn concerns(&self, name: &Name) -> bool {
+        let first = first_of(name);
+        let held_or_forced = |m: Option<&Locator>| m.is_some_and(|l| l.name == *name);
+        self.wildcard
+            || self.explicit.contains_key(name)
+            || held_or_forced(self.known.range(&first..).next().map(|(l, _)| l))
+            || held_or_forced(self.forced.range(&first..).next())
+            || xdstp::collection_of(name).is_some_and(|c| self.explicit.contains_key(c.as_str()))
+    }
+
     fn explicit_contains(&self, l: &Locator) -> bool {
         self.explicit
             .get(&l.name)
@@ -466,7 +480,7 @@ impl DeltaStream {
         let mut effects = RequestEffects::new(&req.type_url);
         let first = !self.types.contains_key(&req.type_url);
         let ts = self.types.or_default(&req.type_url);
-        let (explicit_before, known_before) = (ts.explicit.len(), ts.known.len());
+        let (explicit_before, mut known_before) = (ts.explicit.len(), ts.known.len());
         // A29: a malformed xdstp name is not subscribed; the client gets a resource error naming
         // it (INVALID_ARGUMENT), and every other name of the request is served as usual.
         let subscribe: Vec<(Locator, bool)> = subscribe
@@ -489,13 +503,22 @@ impl DeltaStream {
                 ts.scoped = type_rank(&req.type_url) == VHDS_RANK;
                 Self::start_wildcard(ts, &mut effects);
             }
-            // A11/A12/A14: the versions the client holds; they are not subscriptions.
-            for (name, version) in &req.initial_resource_versions {
-                let l = Locator::with_params(canonical_name(name), defaults.clone());
-                ts.pending.insert(l.name.clone());
-                // Interned: a reconnecting fleet reports the same versions ten thousand times.
-                ts.known.insert(l, Held::Reported(names::intern(version)));
-            }
+            // A11/A12/A14: the versions the client holds; they are not subscriptions. Nothing of
+            // the type is recorded yet, so the records are built whole from the sorted list
+            // (packed nodes, no search per name; the list arrives in hash order).
+            let mut reported: Vec<(Locator, Held)> = req
+                .initial_resource_versions
+                .iter()
+                .map(|(name, version)| {
+                    let l = Locator::with_params(canonical_name(name), defaults.clone());
+                    // Interned: a reconnecting fleet reports the same versions ten thousand times.
+                    (l, Held::Reported(names::intern(version)))
+                })
+                .collect();
+            reported.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            ts.pending = reported.iter().map(|(l, _)| l.name.clone()).collect();
+            ts.known = reported.into_iter().collect();
+            known_before = ts.known.len();
         }
         for (l, by_name) in subscribe {
             if &*l.name == WILDCARD {
@@ -663,8 +686,16 @@ impl DeltaStream {
             self.resend_virtual_hosts(changes);
         }
         if let Some(ts) = self.types.get_mut(&changes.type_url) {
-            ts.pending.extend(changes.names.iter().cloned());
-            ts.heartbeats.extend(changes.heartbeats.iter().cloned());
+            for name in &changes.names {
+                if ts.concerns(name) {
+                    ts.pending.insert(name.clone());
+                }
+            }
+            for name in &changes.heartbeats {
+                if ts.concerns(name) {
+                    ts.heartbeats.insert(name.clone());
+                }
+            }
             if changes.wildcard_synced_now && ts.wildcard {
                 ts.pending_all = true;
             }

@@ -321,8 +321,9 @@ impl SotwStream {
             for name in &changes.heartbeats {
                 let held: Vec<Locator> = ts
                     .sent
-                    .keys()
-                    .filter(|l| &l.name == name)
+                    .range(Locator::plain(name.clone())..)
+                    .map(|(l, _)| l)
+                    .take_while(|l| &l.name == name)
                     .cloned()
                     .collect();
                 if !held.is_empty() {
@@ -332,10 +333,13 @@ impl SotwStream {
             }
             if ts.wildcard
                 || changes.wildcard_synced_now
-                || changes
-                    .names
-                    .iter()
-                    .any(|n| ts.subs.keys().any(|l| &l.name == n))
+                || changes.names.iter().any(|n| {
+                    // Locators sort by name first, the plain one (no parameters) first of all.
+                    ts.subs
+                        .range(Locator::plain(n.clone())..)
+                        .next()
+                        .is_some_and(|(l, _)| &l.name == n)
+                })
             {
                 ts.dirty = true;
             }

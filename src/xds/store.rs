@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 use super::constraints::{self, ConstraintKey, Params, Selection};
 use super::frame::FrameCache;
-use super::names::Hasher;
+use super::names::{Hasher, SortedNameMap};
 use super::resource::{canonical_name, CachedResource, Name, ResourceError};
 use super::wildcard_state::WildcardStates;
 use super::xdstp;
@@ -43,7 +43,7 @@ struct NameEntry {
 
 #[derive(Debug, Default)]
 struct TypeStore {
-    names: BTreeMap<Name, NameEntry>,
+    names: SortedNameMap<NameEntry>,
     /// The upstream has answered a wildcard subscription of this type at least once, so names it
     /// did not send are really not part of the wildcard set.
     wildcard_synced: bool,
@@ -199,7 +199,7 @@ impl Store {
             let ts = store.types.entry(type_url).or_default();
             ts.index_aliases(&r);
             ts.largest = ts.largest.max(r.encoded.len());
-            let entry = ts.names.entry(r.name.clone()).or_default();
+            let entry = ts.names.or_default(&r.name);
             entry.variants.insert(r.key.clone(), Arc::new(r));
         }
         store
@@ -360,11 +360,8 @@ impl Store {
             .into_iter()
             .flat_map(|(names, prefix)| {
                 names
-                    .range::<str, _>((
-                        std::ops::Bound::Included(prefix.as_str()),
-                        std::ops::Bound::Unbounded,
-                    ))
-                    .take_while(move |(n, _)| n.starts_with(prefix.as_str()))
+                    .iter_from(prefix.as_str())
+                    .take_while(|(n, _)| n.starts_with(prefix.as_str()))
                     .collect::<Vec<_>>()
             })
             .filter(move |(n, _)| xdstp::collection_of(n).as_deref() == Some(glob))
@@ -375,7 +372,7 @@ impl Store {
         self.types
             .get(type_url)
             .into_iter()
-            .flat_map(|t| t.names.values())
+            .flat_map(|t| t.names.iter().map(|(_, e)| e))
             .flat_map(|e| e.variants.values())
     }
 
@@ -507,7 +504,7 @@ impl Store {
                     changed.push(a.clone());
                 }
             }
-            let entry = ts.names.entry(r.name.clone()).or_default();
+            let entry = ts.names.or_default(&r.name);
             match (r.ttl, update.received_at) {
                 (Some(ttl), Some(at)) => {
                     entry.expires.insert(r.key.clone(), at + ttl);
@@ -546,7 +543,7 @@ impl Store {
         }
         for name in update.removed {
             let name = Name::from(name);
-            let entry = ts.names.entry(name.clone()).or_default();
+            let entry = ts.names.or_default(&name);
             let was_absent = entry.absent && entry.variants.is_empty();
             // Subscribers by alias learn of the removal too (the alias still resolves here).
             changed.extend(
@@ -577,7 +574,7 @@ impl Store {
             let Some(name) = err.resource_name.as_ref().map(|r| canonical_name(&r.name)) else {
                 continue;
             };
-            ts.names.entry(name.clone()).or_default().error = Some(err);
+            ts.names.or_default(&name).error = Some(err);
             ts.had_errors = true;
             changed.push(name);
         }
@@ -628,7 +625,7 @@ impl Store {
     pub fn next_expiry(&self) -> Option<Instant> {
         self.types
             .values()
-            .flat_map(|t| t.names.values())
+            .flat_map(|t| t.names.iter().map(|(_, e)| e))
             .flat_map(|e| e.expires.values())
             .min()
             .copied()
@@ -664,6 +661,8 @@ impl Store {
                 names.push(name.clone());
             }
             if !names.is_empty() {
+                // The table walks in hash order; change sets list names in order.
+                names.sort();
                 out.push(ChangeSet {
                     type_url: type_url.clone(),
                     names,
@@ -687,7 +686,8 @@ impl Store {
                 wildcard_synced: ts.wildcard_synced,
                 resources: ts
                     .names
-                    .values()
+                    .iter()
+                    .map(|(_, e)| e)
                     .flat_map(|e| {
                         e.variants
                             .iter()
@@ -729,7 +729,7 @@ impl Store {
                 }
                 ts.index_aliases(&resource);
                 ts.largest = ts.largest.max(resource.encoded.len());
-                let entry = ts.names.entry(resource.name.clone()).or_default();
+                let entry = ts.names.or_default(&resource.name);
                 if let Some(at) = expires {
                     entry.expires.insert(resource.key.clone(), at);
                 }
