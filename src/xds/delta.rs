@@ -192,12 +192,13 @@ impl TypeState {
     /// A change set names everything one upstream response changed; most of it concerns other
     /// streams of the group, and evaluating it here would cost per stream per name.
     fn concerns(&self, name: &Name) -> bool {
+        if self.wildcard || self.explicit.contains_key(name) {
+            return true;
+        }
         let first = first_of(name);
-        let held_or_forced = |m: Option<&Locator>| m.is_some_and(|l| l.name == *name);
-        self.wildcard
-            || self.explicit.contains_key(name)
-            || held_or_forced(self.known.range(&first..).next().map(|(l, _)| l))
-            || held_or_forced(self.forced.range(&first..).next())
+        let is_name = |l: Option<&Locator>| l.is_some_and(|l| l.name == *name);
+        is_name(self.known.range(&first..).next().map(|(l, _)| l))
+            || is_name(self.forced.range(&first..).next())
             || xdstp::collection_of(name).is_some_and(|c| self.explicit.contains_key(c.as_str()))
     }
 

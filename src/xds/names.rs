@@ -71,10 +71,13 @@ impl<V> SortedNameMap<V> {
     where
         V: Default,
     {
-        if !self.entries.contains_key(&**name) {
-            self.order.insert(name.clone());
+        match self.entries.entry(name.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                self.order.insert(name.clone());
+                e.insert(V::default())
+            }
         }
-        self.entries.entry(name.clone()).or_default()
     }
 
     pub fn remove(&mut self, name: &str) -> Option<V> {
@@ -108,6 +111,11 @@ impl<V> SortedNameMap<V> {
         self.order
             .range::<str, _>((std::ops::Bound::Included(from), std::ops::Bound::Unbounded))
             .filter_map(|n| self.entries.get_key_value(n))
+    }
+
+    /// Every value, in no particular order (no walk of the sorted index).
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.entries.values()
     }
 
     /// Every entry, in no particular order.
@@ -178,6 +186,9 @@ mod tests {
         m.retain(|n, _| &**n != "c");
         assert_eq!(names(&m), ["a", "b/2"]);
         assert!(!m.contains_key("c") && m.contains_key("b/2"));
+        let mut values: Vec<u32> = m.values().copied().collect();
+        values.sort();
+        assert_eq!(values, [0, 11]);
     }
 
     #[test]

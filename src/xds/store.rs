@@ -625,7 +625,7 @@ impl Store {
     pub fn next_expiry(&self) -> Option<Instant> {
         self.types
             .values()
-            .flat_map(|t| t.names.iter().map(|(_, e)| e))
+            .flat_map(|t| t.names.values())
             .flat_map(|e| e.expires.values())
             .min()
             .copied()
