@@ -131,6 +131,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Restored resources share the buffer the snapshot file was read into.
         .bytes(".adsrelay.snapshot")
         .btree_map(".adsrelay.snapshot.Locator.params")
+        // A reconnecting client reports every version it holds; a B-tree decodes them without
+        // hashing each name and hands them over in order.
+        .btree_map(".envoy.service.discovery.v3.DeltaDiscoveryRequest.initial_resource_versions")
         .compile_fds(fds)?;
 
     let method = |name: &str, route: &str, input: &str, output: &str| {

@@ -12,15 +12,13 @@
 //! `/metrics` is scraped, so the data path pays nothing for them.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use dashmap::DashMap;
-use metrics::{Counter, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString};
-use metrics_exporter_prometheus::{
-    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
-};
+use metrics::{Counter, Key, KeyName, Label, Metadata, Recorder, SharedString};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
 use crate::accept::{AcceptError, AcceptReport, Listener};
 use crate::sync::lock;
@@ -350,7 +348,7 @@ pub struct Metrics {
     tls_reloads: [Counter; 2],
     /// Responses by origin: [shared, encoded].
     frames: [Counter; 2],
-    fanout: Histogram,
+    fanout: BucketHistogram,
     /// Open downstream connections (kept by [`crate::accept::CountedIo`]).
     pub connections: Arc<AtomicI64>,
 }
@@ -386,10 +384,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let recorder = PrometheusBuilder::new()
-            .set_buckets_for_metric(Matcher::Full(name::FANOUT_LATENCY.into()), FANOUT_BUCKETS)
-            .expect("non-empty buckets")
-            .build_recorder();
+        let recorder = PrometheusBuilder::new().build_recorder();
         for (n, help) in DESCRIPTIONS {
             let key = KeyName::from_const_str(n);
             let help = SharedString::const_str(help);
@@ -435,7 +430,7 @@ impl Metrics {
             .map(|r| counter(name::TLS_CERTIFICATE_RELOADS, vec![Label::new("result", r)]));
         let frames = ["shared", "encoded"]
             .map(|o| counter(name::DOWNSTREAM_FRAMES, vec![Label::new("origin", o)]));
-        let fanout = recorder.register_histogram(&Key::from_name(name::FANOUT_LATENCY), &METADATA);
+        let fanout = BucketHistogram::new(FANOUT_BUCKETS);
         // Unlabelled families and those with a fixed label set exist from startup, at zero, so
         // dashboards and alerts have series before the first event. Families labelled by group,
         // type or upstream get their HELP/TYPE lines from `render` until a first series exists.
@@ -596,7 +591,7 @@ impl Metrics {
     }
 
     pub fn fanout_latency(&self, received_at: Instant) {
-        self.fanout.record(received_at.elapsed().as_secs_f64());
+        self.fanout.record(received_at.elapsed());
     }
 
     /// Renders everything in the Prometheus text format: the recorder's event counters and
@@ -741,6 +736,7 @@ impl Metrics {
                 .into_iter()
                 .map(|(u, n)| (vec![("upstream", u.to_string())], n as f64)),
         );
+        out.histogram(name::FANOUT_LATENCY, &self.fanout);
         let mut text = self.handle.render();
         if !text.is_empty() && !text.ends_with('\n') {
             text.push('\n');
@@ -749,6 +745,52 @@ impl Metrics {
         let mut text = with_every_family(text);
         text.push_str(&crate::process::render());
         text
+    }
+}
+
+/// A histogram over fixed buckets, counted in atomics. Why not the exporter's: it keeps every
+/// sample until a scrape drains it, so a relay nobody scrapes grows by 24 bytes per delivery, and
+/// each observation is a push onto a list shared by every core.
+struct BucketHistogram {
+    /// Upper bounds (`le`), ascending.
+    bounds: &'static [f64],
+    /// Observations per bucket (not cumulative); the last is above every bound (`+Inf`).
+    counts: Box<[AtomicU64]>,
+    sum_nanos: AtomicU64,
+}
+
+impl BucketHistogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        BucketHistogram {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+
+    fn record(&self, value: Duration) {
+        let secs = value.as_secs_f64();
+        // The first bucket whose bound is at least the value (`le` is inclusive).
+        let i = self.bounds.partition_point(|b| *b < secs);
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(value.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per `le` (the bounds, then `+Inf`), and the sum in seconds.
+    fn snapshot(&self) -> (Vec<(String, u64)>, f64) {
+        let mut total = 0;
+        let les = self.bounds.iter().map(f64::to_string);
+        let les = les.chain(std::iter::once("+Inf".to_string()));
+        let buckets = les
+            .zip(self.counts.iter())
+            .map(|(le, c)| {
+                total += c.load(Ordering::Relaxed);
+                (le, total)
+            })
+            .collect();
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        (buckets, sum)
     }
 }
 
@@ -787,6 +829,20 @@ impl Exposition {
             }
             let _ = writeln!(self.text, " {value}");
         }
+    }
+}
+
+impl Exposition {
+    /// Writes a histogram family: cumulative `_bucket` series by `le`, then `_sum` and `_count`.
+    fn histogram(&mut self, n: &'static str, h: &BucketHistogram) {
+        use std::fmt::Write;
+        let (buckets, sum) = h.snapshot();
+        let count = buckets.last().map_or(0, |(_, c)| *c);
+        self.family(n, []);
+        for (le, c) in buckets {
+            let _ = writeln!(self.text, "{n}_bucket{{le=\"{le}\"}} {c}");
+        }
+        let _ = writeln!(self.text, "{n}_sum {sum}\n{n}_count {count}");
     }
 }
 
@@ -856,6 +912,32 @@ mod tests {
             assert_eq!(out.matches(&header).count(), 1, "{n} in:\n{out}");
         }
         assert!(out.contains("adsrelay_snapshot_rejected_total{reason=\"corrupt\"} 0"));
+    }
+
+    #[test]
+    fn fanout_histogram_counts_each_delivery_in_its_bucket_cumulatively() {
+        let m = Metrics::new();
+        for d in [0.0003, 0.0005, 0.7, 20.0] {
+            m.fanout.record(Duration::from_secs_f64(d));
+        }
+        let out = m.render(ScrapeState::default());
+        let n = name::FANOUT_LATENCY;
+        for line in [
+            format!("{n}_bucket{{le=\"0.0005\"}} 2"),
+            format!("{n}_bucket{{le=\"0.5\"}} 2"),
+            format!("{n}_bucket{{le=\"1\"}} 3"),
+            format!("{n}_bucket{{le=\"10\"}} 3"),
+            format!("{n}_bucket{{le=\"+Inf\"}} 4"),
+            format!("{n}_count 4"),
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} in:\n{out}");
+        }
+        let sum: f64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{n}_sum ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        assert!((sum - 20.7008).abs() < 1e-6, "{sum}");
     }
 
     #[test]

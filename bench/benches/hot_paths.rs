@@ -385,7 +385,7 @@ fn client_stream(group: &mut GroupState, id: u64, resume: bool) -> usize {
     let eds: Vec<String> = (0..50)
         .map(|i| format!("e{}", (id * 7 + i) % 1000))
         .collect();
-    let versions = |names: Vec<String>| -> std::collections::HashMap<String, String> {
+    let versions = |names: Vec<String>| -> std::collections::BTreeMap<String, String> {
         if resume {
             names.into_iter().map(|n| (n, "1".to_string())).collect()
         } else {

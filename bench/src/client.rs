@@ -4,7 +4,7 @@
 //! The xDS variant is chosen by [`Protocol`]: [`run_delta`] (incremental) or [`run_sotw`]
 //! (State of the World), both over [`ClientState`].
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -235,7 +235,7 @@ impl ClientState {
     }
 
     /// (name -> version) of what this client holds of `kind`, for `initial_resource_versions`.
-    pub fn held_versions(&self, kind: Kind) -> HashMap<String, String> {
+    pub fn held_versions(&self, kind: Kind) -> BTreeMap<String, String> {
         let held: Vec<(u32, u32)> = match kind {
             Kind::Cluster | Kind::Listener => self.wild[kind as usize]
                 .iter()

@@ -116,7 +116,7 @@ struct TypeState {
     empty_globs: BTreeSet<Name>,
     /// A27: the wildcard covers only names under the stream's RDS route configurations.
     scoped: bool,
-    last_nonce: Option<String>,
+    last_nonce: Option<u64>,
     last_ack: Option<String>,
     last_nack: Option<(String, String)>,
 }
@@ -132,8 +132,7 @@ impl TypeState {
 
     /// Records that the response being built gives the client `held` for `l`.
     fn hold(&mut self, l: &Locator, held: Held) {
-        self.unacked
-            .record(l, self.known.get(l), self.last_nonce.as_deref());
+        self.unacked.record(l, self.known.get(l), self.last_nonce);
         self.known.insert(l.clone(), held);
         self.rejected.remove(l);
     }
@@ -142,8 +141,7 @@ impl TypeState {
     fn unhold(&mut self, l: &Locator) -> Option<Held> {
         let before = self.known.remove(l);
         if before.is_some() {
-            self.unacked
-                .record(l, before.as_ref(), self.last_nonce.as_deref());
+            self.unacked.record(l, before.as_ref(), self.last_nonce);
         }
         self.rejected.remove(l);
         before
@@ -167,8 +165,10 @@ impl TypeState {
 
     /// Settles the response a request answers: an ACK keeps `known`, a NACK restores what the
     /// client held before the response, since it keeps that (A23, and what CSDS reports).
-    fn settle(&mut self, nonce: &str, nacked: bool) {
-        self.unacked.seal(self.last_nonce.as_deref());
+    /// `nonce`: the answered one, if this relay could have sent it.
+    fn settle(&mut self, nonce: Option<u64>, nacked: bool) {
+        self.unacked.seal(self.last_nonce);
+        let Some(nonce) = nonce else { return };
         if !nacked {
             self.unacked.ack(nonce);
             return;
@@ -506,7 +506,8 @@ impl DeltaStream {
             }
             // A11/A12/A14: the versions the client holds; they are not subscriptions. Nothing of
             // the type is recorded yet, so the records are built whole from the sorted list
-            // (packed nodes, no search per name; the list arrives in hash order).
+            // (packed nodes, no search per name). The map arrives in name order; the sort is
+            // for xdstp names, whose canonical form may order differently.
             let mut reported: Vec<(Locator, Held)> = req
                 .initial_resource_versions
                 .iter()
@@ -620,7 +621,8 @@ impl DeltaStream {
 
         if !req.response_nonce.is_empty() {
             let nonce = req.response_nonce.clone();
-            effects.ack = if ts.last_nonce.as_deref() != Some(nonce.as_str()) {
+            let answered = super::frame::parse_nonce(&nonce);
+            effects.ack = if answered.is_none() || answered != ts.last_nonce {
                 AckStatus::Stale { nonce }
             } else if let Some(err) = &req.error_detail {
                 ts.last_nack = Some((nonce.clone(), err.message.clone()));
@@ -633,7 +635,7 @@ impl DeltaStream {
                 AckStatus::Ack { nonce }
             };
             // Stale answers count too: a client answers every response, in order.
-            ts.settle(&req.response_nonce, req.error_detail.is_some());
+            ts.settle(answered, req.error_detail.is_some());
         }
         Ok(effects)
     }
@@ -783,7 +785,7 @@ impl DeltaStream {
     /// A response of `type_url` went out with `nonce`: ACKs and NACKs are judged against it.
     fn sent(&mut self, type_url: &str, nonce: u64) {
         if let Some(ts) = self.types.get_mut(type_url) {
-            ts.last_nonce = Some(nonce.to_string());
+            ts.last_nonce = Some(nonce);
         }
     }
 
@@ -819,7 +821,7 @@ impl DeltaStream {
         };
         let ts = self.types.get_mut(type_url)?;
         // Changes staged by an earlier build belong to its response (or to none).
-        ts.unacked.seal(ts.last_nonce.as_deref());
+        ts.unacked.seal(ts.last_nonce);
         let known_before = ts.known.len();
         let mut candidates = std::mem::take(&mut ts.pending);
         if ts.pending_all {
@@ -1241,7 +1243,7 @@ impl DeltaStream {
                 wildcard: ts.wildcard,
                 subscribed: ts.explicit.values().map(ParamSets::len).sum(),
                 held: ts.known.len(),
-                last_nonce: ts.last_nonce.clone(),
+                last_nonce: ts.last_nonce.map(|n| n.to_string()),
                 last_ack: ts.last_ack.clone(),
                 last_nack: ts.last_nack.clone(),
                 resources: if resources {
@@ -1286,7 +1288,7 @@ impl DeltaStream {
                 type_url: t.to_string(),
                 wildcard: ts.wildcard,
                 explicit: ts.explicit.values().map(ParamSets::len).sum(),
-                last_nonce: ts.last_nonce.clone(),
+                last_nonce: ts.last_nonce.map(|n| n.to_string()),
                 last_ack: ts.last_ack.clone(),
                 last_nack: ts.last_nack.clone(),
             })

@@ -65,6 +65,14 @@ pub struct Outgoing {
     pub shared: bool,
 }
 
+/// A nonce from a client's request, if it is one this relay could have written (decimal, as
+/// [`u64`]'s `to_string`, no sign or leading zero); any other string was never sent and matches
+/// no response.
+pub fn parse_nonce(s: &str) -> Option<u64> {
+    let canonical = s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    canonical.then(|| s.parse().ok()).flatten()
+}
+
 /// A response's content: everything but the nonce.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Content {
@@ -280,6 +288,16 @@ impl FrameCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_nonces_the_relay_writes_parse() {
+        for n in [0, 7, 1234, u64::MAX] {
+            assert_eq!(parse_nonce(&n.to_string()), Some(n));
+        }
+        for s in ["", "07", "+7", "-1", "7 ", "x", "18446744073709551616"] {
+            assert_eq!(parse_nonce(s), None, "{s:?}");
+        }
+    }
 
     fn delta(resources: Vec<Bytes>) -> Content {
         Content::Delta(wire::DeltaDiscoveryResponse {

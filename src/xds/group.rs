@@ -371,12 +371,14 @@ impl GroupState {
         let Some(streams) = by_name.get_mut(name) else {
             return false;
         };
-        let Some(count) = streams.get_mut(&stream) else {
+        // One search of the name's subscribers (ten thousand for a wildcard), not a lookup and
+        // then a removal.
+        let std::collections::btree_map::Entry::Occupied(mut count) = streams.entry(stream) else {
             return false;
         };
-        *count -= 1;
-        if *count == 0 {
-            streams.remove(&stream);
+        *count.get_mut() -= 1;
+        if *count.get() == 0 {
+            count.remove();
         }
         if streams.is_empty() {
             by_name.remove(name);

@@ -71,7 +71,7 @@ struct TypeState {
     force: bool,
     /// Store sequence at subscription time, for `do_not_cache` content (D2, D4).
     stamps: SubscriptionStamps,
-    last_nonce: Option<String>,
+    last_nonce: Option<u64>,
     acked_nonce: Option<String>,
     last_nack: Option<(String, String)>,
 }
@@ -136,8 +136,7 @@ impl TypeState {
         if !self.rejected.is_empty() {
             self.rejected.retain(|r, _| r.name != l.name);
         }
-        self.unacked
-            .record(l, self.sent.get(l), self.last_nonce.as_deref());
+        self.unacked.record(l, self.sent.get(l), self.last_nonce);
         match held {
             Some(h) => self.sent.insert(l.clone(), h),
             None => self.sent.remove(l),
@@ -146,8 +145,10 @@ impl TypeState {
 
     /// Settles the response a request answers. On NACK the client keeps its previous state (B7),
     /// so `sent` goes back to it; a later full-state response in flight supersedes it.
-    fn settle(&mut self, type_url: &str, nonce: &str, nacked: bool) {
-        self.unacked.seal(self.last_nonce.as_deref());
+    /// `nonce`: the answered one, if this relay could have sent it.
+    fn settle(&mut self, type_url: &str, nonce: Option<u64>, nacked: bool) {
+        self.unacked.seal(self.last_nonce);
+        let Some(nonce) = nonce else { return };
         if !nacked {
             self.unacked.ack(nonce);
             return;
@@ -215,7 +216,8 @@ impl SotwStream {
         // ACK/NACK is judged by nonce and error_detail, never by version_info (B7, F5).
         if !req.response_nonce.is_empty() {
             let nonce = req.response_nonce.clone();
-            effects.ack = if ts.last_nonce.as_deref() != Some(nonce.as_str()) {
+            let answered = super::frame::parse_nonce(&nonce);
+            effects.ack = if answered.is_none() || answered != ts.last_nonce {
                 AckStatus::Stale { nonce }
             } else if let Some(err) = &req.error_detail {
                 ts.last_nack = Some((nonce.clone(), err.message.clone()));
@@ -231,11 +233,7 @@ impl SotwStream {
                 AckStatus::Ack { nonce }
             };
             // Stale answers count too: a client answers every response, in order.
-            ts.settle(
-                &req.type_url,
-                &req.response_nonce,
-                req.error_detail.is_some(),
-            );
+            ts.settle(&req.type_url, answered, req.error_detail.is_some());
         }
         // B8: the first request of a type on a stream (fresh or reconnecting, whatever nonce it
         // carries) gets an answer; so does a request without a nonce.
@@ -376,7 +374,7 @@ impl SotwStream {
     /// A response of `type_url` went out with `nonce`: ACKs and NACKs are judged against it.
     fn sent(&mut self, type_url: &str, nonce: u64) {
         if let Some(ts) = self.types.get_mut(type_url) {
-            ts.last_nonce = Some(nonce.to_string());
+            ts.last_nonce = Some(nonce);
         }
     }
 
@@ -401,7 +399,7 @@ impl SotwStream {
         let defaults = self.default_params.clone();
         let ts = self.types.get_mut(type_url)?;
         // Changes staged by an earlier build belong to its response (or to none).
-        ts.unacked.seal(ts.last_nonce.as_deref());
+        ts.unacked.seal(ts.last_nonce);
         let sent_before = ts.sent.len();
         // The common case, a wildcard-only subscriber of a full-state type: the response every
         // such stream gets is built once per store change (see `wildcard_state`).
@@ -686,7 +684,7 @@ impl SotwStream {
                 wildcard: ts.wildcard,
                 subscribed: ts.subs.len(),
                 held: ts.sent.len(),
-                last_nonce: ts.last_nonce.clone(),
+                last_nonce: ts.last_nonce.map(|n| n.to_string()),
                 last_ack: ts.acked_nonce.clone(),
                 last_nack: ts.last_nack.clone(),
                 resources: if resources {

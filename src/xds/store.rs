@@ -392,7 +392,7 @@ impl Store {
         &self,
         type_url: &str,
         wanted: impl Fn(&str) -> bool,
-    ) -> HashMap<String, String> {
+    ) -> BTreeMap<String, String> {
         self.types
             .get(type_url)
             .into_iter()
@@ -954,7 +954,7 @@ mod tests {
         )
         .unwrap();
         let v = s.initial_versions(T, |n| n != "a");
-        assert_eq!(v, HashMap::from([("b".to_string(), "2".to_string())]));
+        assert_eq!(v, BTreeMap::from([("b".to_string(), "2".to_string())]));
     }
 
     fn with_ttl(name: &str, version: &str, ttl_secs: i64, do_not_cache: bool) -> Bytes {

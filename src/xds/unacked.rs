@@ -17,26 +17,31 @@
 //! [`MAX_IN_FLIGHT`] responses are tracked; a client that leaves more unanswered has the oldest
 //! taken as accepted.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 /// Unanswered responses remembered per type before the oldest is taken as accepted.
 pub const MAX_IN_FLIGHT: usize = 16;
 
+/// Key -> value before a response, sorted by key, one entry per key. A sorted vector, not a map:
+/// most responses after the join change one or two entries, and this runs per response per stream.
+type Undo<K, V> = Vec<(K, Option<V>)>;
+
 #[derive(Debug, Clone)]
 pub struct Unacked<K: Ord, V> {
-    /// Key -> value before the response under construction (first change wins).
-    staged: BTreeMap<K, Option<V>>,
+    /// Key -> value before the response under construction, in recording order; the first
+    /// change of a key wins when sealed.
+    staged: Undo<K, V>,
     /// The type's last nonce when staging began: if it is still the last nonce at sealing, no
     /// response carried the staged changes.
-    staged_after: Option<String>,
-    /// (nonce, key -> value before that response), oldest first.
-    in_flight: VecDeque<(String, BTreeMap<K, Option<V>>)>,
+    staged_after: Option<u64>,
+    /// (nonce, what that response changed), oldest first.
+    in_flight: VecDeque<(u64, Undo<K, V>)>,
 }
 
 impl<K: Ord, V> Default for Unacked<K, V> {
     fn default() -> Self {
         Unacked {
-            staged: BTreeMap::new(),
+            staged: Vec::new(),
             staged_after: None,
             in_flight: VecDeque::new(),
         }
@@ -45,36 +50,37 @@ impl<K: Ord, V> Default for Unacked<K, V> {
 
 impl<K: Ord + Clone, V: Clone> Unacked<K, V> {
     /// Notes that `key` is about to change in the response being built; `before` is its value now.
-    pub fn record(&mut self, key: &K, before: Option<&V>, last_nonce: Option<&str>) {
+    pub fn record(&mut self, key: &K, before: Option<&V>, last_nonce: Option<u64>) {
         if self.staged.is_empty() {
-            self.staged_after = last_nonce.map(str::to_string);
+            self.staged_after = last_nonce;
         }
-        // One search, not a lookup and an insert: this runs per resource per response.
-        if let std::collections::btree_map::Entry::Vacant(e) = self.staged.entry(key.clone()) {
-            e.insert(before.cloned());
-        }
+        self.staged.push((key.clone(), before.cloned()));
     }
 
     /// Files the staged changes under `last_nonce` if a response was built since they began.
-    pub fn seal(&mut self, last_nonce: Option<&str>) {
+    pub fn seal(&mut self, last_nonce: Option<u64>) {
         if self.staged.is_empty() {
             return;
         }
-        let staged = std::mem::take(&mut self.staged);
+        let mut staged = std::mem::take(&mut self.staged);
         let after = self.staged_after.take();
         match last_nonce {
-            Some(n) if after.as_deref() != Some(n) => {
+            Some(n) if after != Some(n) => {
+                // Stable: of several changes to one key, the first (the value the client held)
+                // stays.
+                staged.sort_by(|a, b| a.0.cmp(&b.0));
+                staged.dedup_by(|later, first| later.0 == first.0);
                 if self.in_flight.len() == MAX_IN_FLIGHT {
                     self.in_flight.pop_front();
                 }
-                self.in_flight.push_back((n.to_string(), staged));
+                self.in_flight.push_back((n, staged));
             }
             _ => {}
         }
     }
 
     /// The client accepted `nonce`, and so answered everything before it.
-    pub fn ack(&mut self, nonce: &str) {
+    pub fn ack(&mut self, nonce: u64) {
         if let Some(i) = self.position(nonce) {
             self.in_flight.drain(..=i);
         }
@@ -88,7 +94,7 @@ impl<K: Ord + Clone, V: Clone> Unacked<K, V> {
     /// The client rejected `nonce`: returns the entries to put back as they were before it.
     /// `supersedes`: a later response replaces the client's whole state (SotW Listener/Cluster),
     /// so entries of a rejected response are restored only when no later response is in flight.
-    pub fn nack(&mut self, nonce: &str, supersedes: bool) -> Vec<(K, Option<V>)> {
+    pub fn nack(&mut self, nonce: u64, supersedes: bool) -> Vec<(K, Option<V>)> {
         let Some(i) = self.position(nonce) else {
             return Vec::new();
         };
@@ -101,7 +107,11 @@ impl<K: Ord + Clone, V: Clone> Unacked<K, V> {
         let mut restore = Vec::new();
         for (k, before) in undo {
             // The first later response that changed `k` was applied on top of `before`.
-            if let Some(prev) = self.in_flight.iter_mut().find_map(|(_, m)| m.get_mut(&k)) {
+            let later_change = self.in_flight.iter_mut().find_map(|(_, m)| {
+                let i = m.binary_search_by(|(x, _)| x.cmp(&k)).ok()?;
+                Some(&mut m[i].1)
+            });
+            if let Some(prev) = later_change {
                 *prev = before;
             } else if !(supersedes && later) {
                 restore.push((k, before));
@@ -112,22 +122,22 @@ impl<K: Ord + Clone, V: Clone> Unacked<K, V> {
 
     /// The client dropped `key` itself (unsubscribe): nothing to restore for it any more.
     pub fn forget(&mut self, key: &K) {
-        self.staged.remove(key);
+        self.staged.retain(|(k, _)| k != key);
         for (_, m) in &mut self.in_flight {
-            m.remove(key);
+            m.retain(|(k, _)| k != key);
         }
     }
 
     /// Forgets everything for keys that fail `keep`.
     pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
-        self.staged.retain(|k, _| keep(k));
+        self.staged.retain(|(k, _)| keep(k));
         for (_, m) in &mut self.in_flight {
-            m.retain(|k, _| keep(k));
+            m.retain(|(k, _)| keep(k));
         }
     }
 
-    fn position(&self, nonce: &str) -> Option<usize> {
-        self.in_flight.iter().position(|(n, _)| n == nonce)
+    fn position(&self, nonce: u64) -> Option<usize> {
+        self.in_flight.iter().position(|(n, _)| *n == nonce)
     }
 }
 
@@ -137,10 +147,10 @@ mod tests {
 
     type U = Unacked<&'static str, u32>;
 
-    fn sent(u: &mut U, nonce: &str, changes: &[(&'static str, Option<u32>)]) {
-        u.seal(Some("x"));
+    fn sent(u: &mut U, nonce: u64, changes: &[(&'static str, Option<u32>)]) {
+        u.seal(Some(nonce - 1));
         for (k, before) in changes {
-            u.record(k, before.as_ref(), Some("prev"));
+            u.record(k, before.as_ref(), Some(nonce - 1));
         }
         u.seal(Some(nonce));
     }
@@ -148,54 +158,64 @@ mod tests {
     #[test]
     fn nack_restores_the_values_before_the_response() {
         let mut u = U::default();
-        sent(&mut u, "1", &[("a", Some(1)), ("b", None)]);
-        assert_eq!(u.nack("1", false), vec![("a", Some(1)), ("b", None)]);
-        assert!(u.nack("1", false).is_empty(), "settled once");
+        sent(&mut u, 1, &[("a", Some(1)), ("b", None)]);
+        assert_eq!(u.nack(1, false), vec![("a", Some(1)), ("b", None)]);
+        assert!(u.nack(1, false).is_empty(), "settled once");
     }
 
     #[test]
     fn ack_settles_older_responses_too() {
         let mut u = U::default();
-        sent(&mut u, "1", &[("a", Some(1))]);
-        sent(&mut u, "2", &[("b", Some(1))]);
-        u.ack("2");
-        assert!(u.nack("1", false).is_empty());
+        sent(&mut u, 1, &[("a", Some(1))]);
+        sent(&mut u, 2, &[("b", Some(1))]);
+        u.ack(2);
+        assert!(u.nack(1, false).is_empty());
     }
 
     #[test]
     fn a_later_response_inherits_the_value_before_a_rejected_one() {
         let mut u = U::default();
-        sent(&mut u, "1", &[("a", Some(1)), ("b", Some(1))]);
-        sent(&mut u, "2", &[("a", Some(2))]);
+        sent(&mut u, 1, &[("a", Some(1)), ("b", Some(1))]);
+        sent(&mut u, 2, &[("a", Some(2))]);
         // Only b goes back now; a's fate rests on response 2, applied over a@1.
-        assert_eq!(u.nack("1", false), vec![("b", Some(1))]);
-        assert_eq!(u.nack("2", false), vec![("a", Some(1))]);
+        assert_eq!(u.nack(1, false), vec![("b", Some(1))]);
+        assert_eq!(u.nack(2, false), vec![("a", Some(1))]);
     }
 
     #[test]
     fn full_state_responses_supersede_rejected_ones() {
         let mut u = U::default();
-        sent(&mut u, "1", &[("a", Some(1)), ("b", Some(1))]);
-        sent(&mut u, "2", &[("a", Some(2))]);
-        assert!(u.nack("1", true).is_empty());
-        assert_eq!(u.nack("2", true), vec![("a", Some(1))]);
+        sent(&mut u, 1, &[("a", Some(1)), ("b", Some(1))]);
+        sent(&mut u, 2, &[("a", Some(2))]);
+        assert!(u.nack(1, true).is_empty());
+        assert_eq!(u.nack(2, true), vec![("a", Some(1))]);
     }
 
     #[test]
     fn changes_without_a_response_are_not_undoable() {
         let mut u = U::default();
-        u.record(&"a", Some(&1), Some("1"));
-        u.seal(Some("1"));
-        assert!(u.nack("1", false).is_empty());
+        u.record(&"a", Some(&1), Some(1));
+        u.seal(Some(1));
+        assert!(u.nack(1, false).is_empty());
+    }
+
+    #[test]
+    fn the_first_change_of_a_key_in_a_response_is_what_a_nack_restores() {
+        let mut u = U::default();
+        u.record(&"b", Some(&1), Some(1));
+        u.record(&"a", None, Some(1));
+        u.record(&"b", Some(&2), Some(1));
+        u.seal(Some(2));
+        assert_eq!(u.nack(2, false), vec![("a", None), ("b", Some(1))]);
     }
 
     #[test]
     fn tracking_is_bounded() {
         let mut u = U::default();
-        for i in 0..(MAX_IN_FLIGHT + 4) {
-            sent(&mut u, &i.to_string(), &[("a", Some(i as u32))]);
+        for i in 1..=(MAX_IN_FLIGHT as u64 + 4) {
+            sent(&mut u, i, &[("a", Some(i as u32))]);
         }
-        assert!(u.nack("0", false).is_empty(), "oldest taken as accepted");
+        assert!(u.nack(1, false).is_empty(), "oldest taken as accepted");
         assert_eq!(u.in_flight.len(), MAX_IN_FLIGHT);
     }
 }
