@@ -11,7 +11,7 @@
 //! lapsed subscription (D5). Names a client subscribes to, or that a client's wildcard of the type
 //! covers, are never in the set.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::contract::RequestEffects;
@@ -25,11 +25,12 @@ use super::xdstp;
 /// Identifies a downstream stream within the process.
 pub type StreamId = u64;
 
-/// The streams subscribed to one name, with how many of their locators carry it. A B-tree, not a
-/// hash map: a reconnect storm removes and re-adds every stream of a name at once, which leaves a
-/// hash table's probe sequences long with deleted slots; stream ids only grow, so new entries go
-/// to the tree's right edge.
-type Subscribers = BTreeMap<StreamId, u32>;
+/// The streams subscribed to one name, with how many of their locators carry it. A foldhash map:
+/// a wildcard's set holds every stream of the type, and a reconnect storm removes and re-adds each
+/// of them; a B-tree of ten thousand ids costs a cache miss per level for each (paired storm runs:
+/// 309/360 -> 265/296 us of relay CPU per reconnecting client with this map). A SipHash map was
+/// slower than either.
+type Subscribers = std::collections::HashMap<StreamId, u32, super::names::Hasher>;
 
 #[derive(Debug, Default)]
 pub struct GroupState {
@@ -371,9 +372,9 @@ impl GroupState {
         let Some(streams) = by_name.get_mut(name) else {
             return false;
         };
-        // One search of the name's subscribers (ten thousand for a wildcard), not a lookup and
-        // then a removal.
-        let std::collections::btree_map::Entry::Occupied(mut count) = streams.entry(stream) else {
+        // One probe of the name's subscribers (ten thousand for a wildcard), not a lookup and then
+        // a removal.
+        let std::collections::hash_map::Entry::Occupied(mut count) = streams.entry(stream) else {
             return false;
         };
         *count.get_mut() -= 1;
@@ -538,7 +539,7 @@ impl GroupState {
         self.index
             .get(type_url)
             .and_then(|m| m.get(name))
-            .map_or(0, BTreeMap::len)
+            .map_or(0, Subscribers::len)
     }
 }
 
