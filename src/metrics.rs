@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use dashmap::DashMap;
@@ -22,7 +22,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, Prometheu
 
 use crate::accept::{AcceptError, AcceptReport, Listener};
 use crate::sync::lock;
-use crate::xds::{GroupStats, Protocol};
+use crate::xds::{names, GroupStats, Protocol};
 
 /// Distinct `type_url` label values before further ones are reported as `other`.
 pub const MAX_TYPE_LABELS: usize = 64;
@@ -293,6 +293,22 @@ fn protocol_index(protocol: Protocol) -> usize {
     protocol as usize
 }
 
+/// A type's counters: from the fixed table of well-known types, or the map of the others.
+enum TypeCountersRef<'a> {
+    Known(&'a TypeCounters),
+    Other(Arc<TypeCounters>),
+}
+
+impl std::ops::Deref for TypeCountersRef<'_> {
+    type Target = TypeCounters;
+    fn deref(&self) -> &TypeCounters {
+        match self {
+            TypeCountersRef::Known(c) => c,
+            TypeCountersRef::Other(c) => c,
+        }
+    }
+}
+
 /// Hot-path counters of one type_url label value.
 #[derive(Debug)]
 struct TypeCounters {
@@ -336,6 +352,9 @@ pub struct GroupScrape {
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
+    /// Counters of the well-known types, by [`names::type_url_index`].
+    known_types: [OnceLock<TypeCounters>; names::TYPE_URL_COUNT],
+    /// Counters of other types.
     types: DashMap<String, Arc<TypeCounters>>,
     /// type_url label values handed out so far (bounded by [`MAX_TYPE_LABELS`]).
     type_labels: Mutex<HashSet<String>>,
@@ -455,6 +474,7 @@ impl Metrics {
         Metrics {
             recorder,
             handle,
+            known_types: std::array::from_fn(|_| OnceLock::new()),
             types: DashMap::new(),
             type_labels: Mutex::new(HashSet::new()),
             streams_opened,
@@ -484,10 +504,26 @@ impl Metrics {
         OTHER_TYPE.to_string()
     }
 
-    fn per_type(&self, type_url: &str) -> Arc<TypeCounters> {
-        if let Some(c) = self.types.get(type_url) {
-            return c.clone();
+    /// A type's counters. The well-known types' sit in a fixed table, read with no lock and no
+    /// refcount: this runs twice per delivery on every core.
+    fn per_type(&self, type_url: &str) -> TypeCountersRef<'_> {
+        if let Some(i) = names::type_url_index(type_url) {
+            let c = self.known_types[i].get_or_init(|| self.type_counters(type_url));
+            return TypeCountersRef::Known(c);
         }
+        if let Some(c) = self.types.get(type_url) {
+            return TypeCountersRef::Other(c.clone());
+        }
+        let c = Arc::new(self.type_counters(type_url));
+        // Types beyond the label cap share the `other` counters but each gets its own map entry;
+        // cap the map too, so it stays bounded.
+        if self.types.len() < 4 * MAX_TYPE_LABELS {
+            self.types.insert(type_url.to_string(), c.clone());
+        }
+        TypeCountersRef::Other(c)
+    }
+
+    fn type_counters(&self, type_url: &str) -> TypeCounters {
         let label = self.type_label(type_url);
         let counter = |n: &'static str, extra: Option<Label>| {
             let mut labels = vec![Label::new("type_url", label.clone())];
@@ -495,7 +531,7 @@ impl Metrics {
             self.recorder
                 .register_counter(&Key::from_parts(n, labels), &METADATA)
         };
-        let c = Arc::new(TypeCounters {
+        TypeCounters {
             responses: PROTOCOLS
                 .map(|p| counter(name::DOWNSTREAM_RESPONSES, Some(Label::new("protocol", p)))),
             resources_sent: counter(name::DOWNSTREAM_RESOURCES_SENT, None),
@@ -504,13 +540,7 @@ impl Metrics {
             nacks: counter(name::DOWNSTREAM_NACKS, None),
             hits: counter(name::CACHE_HITS, None),
             misses: counter(name::CACHE_MISSES, None),
-        });
-        // Types beyond the label cap share the `other` counters but each gets its own map entry;
-        // cap the map too, so it stays bounded.
-        if self.types.len() < 4 * MAX_TYPE_LABELS {
-            self.types.insert(type_url.to_string(), c.clone());
         }
-        c
     }
 
     pub fn stream_opened(&self, protocol: Protocol) {
@@ -938,6 +968,24 @@ mod tests {
             .and_then(|v| v.parse().ok())
             .unwrap();
         assert!((sum - 20.7008).abs() < 1e-6, "{sum}");
+    }
+
+    #[test]
+    fn well_known_types_count_under_their_own_label() {
+        let m = Metrics::new();
+        let cds = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+        m.response_sent(Protocol::Delta, cds, 3, 100, true);
+        m.response_sent(Protocol::Delta, cds, 2, 50, true);
+        m.client_ack(cds, false);
+        let out = m.render(ScrapeState::default());
+        let value = |family: &str| {
+            out.lines()
+                .find(|l| l.starts_with(family) && l.contains(cds))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        assert_eq!(value(name::DOWNSTREAM_RESOURCES_SENT), Some(5.0), "{out}");
+        assert_eq!(value(name::DOWNSTREAM_SENT_BYTES), Some(150.0));
+        assert_eq!(value(name::DOWNSTREAM_ACKS), Some(1.0));
     }
 
     #[test]

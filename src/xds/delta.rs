@@ -462,17 +462,17 @@ impl DeltaStream {
         if req.type_url.is_empty() {
             return Err(ProtocolError::MissingTypeUrl);
         }
-        let defaults = self.default_params.clone();
+        let defaults = &self.default_params;
         // (locator, by name)
         let subscribe = Locator::from_request(
             &req.resource_names_subscribe,
             &req.resource_locators_subscribe,
-            &defaults,
+            defaults,
         );
         let unsubscribe: Vec<Locator> = Locator::from_request(
             &req.resource_names_unsubscribe,
             &req.resource_locators_unsubscribe,
-            &defaults,
+            defaults,
         )
         .into_iter()
         .map(|(l, _)| l)
@@ -535,7 +535,7 @@ impl DeltaStream {
                     // A locator with the default parameters names what the wildcard or the
                     // initial versions held by plain name: the client tells the two forms apart
                     // (E9), so that is not this subscription's.
-                    if !by_name && l.params == defaults {
+                    if !by_name && l.params == *defaults {
                         ts.forget(&l);
                     }
                 }
@@ -588,7 +588,7 @@ impl DeltaStream {
                 ts.explicit.remove(&l.name);
             }
             effects.release.push(l.clone());
-            if ts.wildcard && l.params == defaults {
+            if ts.wildcard && l.params == *defaults {
                 // A6: the client now holds it ambiguously; answer with the resource or a removal.
                 ts.pending.insert(l.name.clone());
                 ts.forced.insert(l);
@@ -806,7 +806,7 @@ impl DeltaStream {
     fn build(&mut self, type_url: &str, store: &Store) -> Option<wire::DeltaDiscoveryResponse> {
         let synced = store.wildcard_synced(type_url);
         let authoritative = store.wildcard_authoritative(type_url);
-        let defaults = self.default_params.clone();
+        let defaults = &self.default_params;
         let limit = match self.max_response_bytes {
             0 => DEFAULT_MAX_RESPONSE_BYTES,
             n => n,
@@ -893,7 +893,7 @@ impl DeltaStream {
                 .take_while(|l| l.name == name)
                 .chain(forced.take_while(|l| l.name == name))
             {
-                subs.or_insert(l.clone(), l.params == defaults, false);
+                subs.or_insert(l.clone(), l.params == *defaults, false);
             }
             // B20: the client holds one resource per wire identity. When two subscriptions of
             // this name select different resources sent alike, the first in order holds it in
@@ -971,7 +971,7 @@ impl DeltaStream {
                 let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) else {
                     continue;
                 };
-                let by_name = l.params == defaults;
+                let by_name = l.params == *defaults;
                 if !held.is(r) || (by_name && r.constraints.is_some()) {
                     continue;
                 }

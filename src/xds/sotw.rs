@@ -200,9 +200,9 @@ impl SotwStream {
         if req.type_url.is_empty() {
             return Err(ProtocolError::MissingTypeUrl);
         }
-        let defaults = self.default_params.clone();
+        let defaults = &self.default_params;
         let requested =
-            Locator::from_request(&req.resource_names, &req.resource_locators, &defaults);
+            Locator::from_request(&req.resource_names, &req.resource_locators, defaults);
         let first = !self.types.contains_key(&req.type_url);
         let ts = self.types.or_default(&req.type_url);
         let mut effects = RequestEffects {
@@ -396,7 +396,7 @@ impl SotwStream {
 
     fn build(&mut self, type_url: &str, store: &Store) -> Option<wire::DiscoveryResponse> {
         let wrap = self.wrap;
-        let defaults = self.default_params.clone();
+        let defaults = &self.default_params;
         let ts = self.types.get_mut(type_url)?;
         // Changes staged by an earlier build belong to its response (or to none).
         ts.unacked.seal(ts.last_nonce);
@@ -406,8 +406,8 @@ impl SotwStream {
         if ts.wildcard && ts.subs.is_empty() && ts.rejected.is_empty() && is_full_state(type_url) {
             let shared = store
                 .wildcard_states()
-                .get_or_build(type_url, wrap, &defaults, || {
-                    wildcard_state(store, type_url, wrap, &defaults)
+                .get_or_build(type_url, wrap, defaults, || {
+                    wildcard_state(store, type_url, wrap, defaults)
                 });
             if let Some(shared) = shared {
                 return Self::respond_with_shared(ts, type_url, &shared, sent_before);
