@@ -221,7 +221,7 @@ async fn drive<H, C>(
     };
     let span = stream.span.clone();
     let outcome = match span.in_scope(|| stream.handle(&*host, *first, fixed_type)) {
-        Ok(()) => {
+        Ok(_) => {
             stream
                 .run(&*host, &mut inbound, &tx, fixed_type)
                 .instrument(span.clone())
@@ -356,7 +356,7 @@ where
         host: &H,
         req: C::Request,
         fixed_type: Option<&'static str>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<bool, Refusal> {
         handle(
             host,
             &self.membership,
@@ -406,8 +406,7 @@ where
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => {
                         admit(&req, &mut self.guard)?;
-                        self.handle(host, req, fixed_type)?;
-                        dirty = dirty || lock(&self.core).has_work();
+                        dirty |= self.handle(host, req, fixed_type)?;
                     }
                     Ok(None) => return Ok(()),
                     Err(error) => {
@@ -526,7 +525,7 @@ fn handle<H, C>(
     mut req: C::Request,
     fixed_type: Option<&'static str>,
     guard: &mut Guard,
-) -> Result<(), Refusal>
+) -> Result<bool, Refusal>
 where
     H: StreamHost,
     C: StreamCore,
@@ -545,19 +544,23 @@ where
     }
     host.on_request(membership, &req);
     let may_add = req.subscribe_entries();
-    let effects = lock(core)
-        .on_request_within(
+    // Whether a response is due is read under the same lock as the request is applied.
+    let (effects, has_work) = {
+        let mut core = lock(core);
+        let effects = core.on_request_within(
             &req,
             guard.subscriptions,
             may_add,
             guard.limits.max_subscriptions,
-        )
-        .map_err(|e| match e {
-            ProtocolError::TooManySubscriptions { total, .. } => {
-                limits::too_many_subscriptions(total, &guard.limits)
-            }
-            e => invalid(Status::invalid_argument(e.to_string())),
-        })?;
+        );
+        (effects, core.has_work())
+    };
+    let effects = effects.map_err(|e| match e {
+        ProtocolError::TooManySubscriptions { total, .. } => {
+            limits::too_many_subscriptions(total, &guard.limits)
+        }
+        e => invalid(Status::invalid_argument(e.to_string())),
+    })?;
     guard.subscriptions =
         (guard.subscriptions + effects.acquire.len()).saturating_sub(effects.release.len());
     match &effects.ack {
@@ -585,5 +588,5 @@ where
         let seq = host.on_effects(membership, client.id, &effects);
         lock(core).subscribed_at(seq);
     }
-    Ok(())
+    Ok(has_work)
 }
