@@ -25,6 +25,7 @@ use tonic::Status;
 use super::requests::RequestReader;
 use super::stream::{serve, Responses, StreamHost};
 use crate::tls::TlsPeer;
+use crate::xds::names::type_urls;
 use crate::xds::{DeltaStream, SotwStream, StreamCore, XdsRequest};
 
 /// The gRPC methods of one discovery service.
@@ -188,63 +189,63 @@ methods!(
     "envoy.service.cluster.v3.ClusterDiscoveryService",
     Some("StreamClusters"),
     "DeltaClusters",
-    Some("type.googleapis.com/envoy.config.cluster.v3.Cluster")
+    Some(type_urls::CLUSTER)
 );
 methods!(
     Lds,
     "envoy.service.listener.v3.ListenerDiscoveryService",
     Some("StreamListeners"),
     "DeltaListeners",
-    Some("type.googleapis.com/envoy.config.listener.v3.Listener")
+    Some(type_urls::LISTENER)
 );
 methods!(
     Rds,
     "envoy.service.route.v3.RouteDiscoveryService",
     Some("StreamRoutes"),
     "DeltaRoutes",
-    Some("type.googleapis.com/envoy.config.route.v3.RouteConfiguration")
+    Some(type_urls::ROUTE)
 );
 methods!(
     Srds,
     "envoy.service.route.v3.ScopedRoutesDiscoveryService",
     Some("StreamScopedRoutes"),
     "DeltaScopedRoutes",
-    Some("type.googleapis.com/envoy.config.route.v3.ScopedRouteConfiguration")
+    Some(type_urls::SCOPED_ROUTE)
 );
 methods!(
     Vhds,
     "envoy.service.route.v3.VirtualHostDiscoveryService",
     None,
     "DeltaVirtualHosts",
-    Some("type.googleapis.com/envoy.config.route.v3.VirtualHost")
+    Some(type_urls::VIRTUAL_HOST)
 );
 methods!(
     Eds,
     "envoy.service.endpoint.v3.EndpointDiscoveryService",
     Some("StreamEndpoints"),
     "DeltaEndpoints",
-    Some("type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment")
+    Some(type_urls::ENDPOINTS)
 );
 methods!(
     Sds,
     "envoy.service.secret.v3.SecretDiscoveryService",
     Some("StreamSecrets"),
     "DeltaSecrets",
-    Some("type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret")
+    Some(type_urls::SECRET)
 );
 methods!(
     Rtds,
     "envoy.service.runtime.v3.RuntimeDiscoveryService",
     Some("StreamRuntime"),
     "DeltaRuntime",
-    Some("type.googleapis.com/envoy.service.runtime.v3.Runtime")
+    Some(type_urls::RUNTIME)
 );
 methods!(
     Ecds,
     "envoy.service.extension.v3.ExtensionConfigDiscoveryService",
     Some("StreamExtensionConfigs"),
     "DeltaExtensionConfigs",
-    Some("type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig")
+    Some(type_urls::EXTENSION_CONFIG)
 );
 
 /// Adds every xDS service for `host` to a tonic server; requests larger than

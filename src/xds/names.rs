@@ -29,16 +29,32 @@ pub type Name = ArcStr;
 /// ten thousand streams on two cores kept that count's cache line moving between the cores, and
 /// reading the string's length beside it was 2 % of the relay's CPU per update.
 const TYPE_URLS: [Name; TYPE_URL_COUNT] = [
-    arcstr::literal!("type.googleapis.com/envoy.config.cluster.v3.Cluster"),
-    arcstr::literal!("type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"),
-    arcstr::literal!("type.googleapis.com/envoy.config.listener.v3.Listener"),
-    arcstr::literal!("type.googleapis.com/envoy.config.route.v3.RouteConfiguration"),
-    arcstr::literal!("type.googleapis.com/envoy.config.route.v3.ScopedRouteConfiguration"),
-    arcstr::literal!("type.googleapis.com/envoy.config.route.v3.VirtualHost"),
-    arcstr::literal!("type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"),
-    arcstr::literal!("type.googleapis.com/envoy.service.runtime.v3.Runtime"),
-    arcstr::literal!("type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"),
+    arcstr::literal!(type_urls::CLUSTER),
+    arcstr::literal!(type_urls::ENDPOINTS),
+    arcstr::literal!(type_urls::LISTENER),
+    arcstr::literal!(type_urls::ROUTE),
+    arcstr::literal!(type_urls::SCOPED_ROUTE),
+    arcstr::literal!(type_urls::VIRTUAL_HOST),
+    arcstr::literal!(type_urls::SECRET),
+    arcstr::literal!(type_urls::RUNTIME),
+    arcstr::literal!(type_urls::EXTENSION_CONFIG),
 ];
+
+/// The xDS resource type URLs the relay knows by name (the per-type services, SotW full state).
+pub mod type_urls {
+    pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+    pub const ENDPOINTS: &str =
+        "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+    pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+    pub const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+    pub const SCOPED_ROUTE: &str =
+        "type.googleapis.com/envoy.config.route.v3.ScopedRouteConfiguration";
+    pub const VIRTUAL_HOST: &str = "type.googleapis.com/envoy.config.route.v3.VirtualHost";
+    pub const SECRET: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+    pub const RUNTIME: &str = "type.googleapis.com/envoy.service.runtime.v3.Runtime";
+    pub const EXTENSION_CONFIG: &str =
+        "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
+}
 
 /// How many type URLs [`type_url_index`] knows.
 pub const TYPE_URL_COUNT: usize = 9;
@@ -220,7 +236,7 @@ mod tests {
 
     #[test]
     fn equal_names_share_one_allocation() {
-        let cds = intern("type.googleapis.com/envoy.config.cluster.v3.Cluster");
+        let cds = intern(type_urls::CLUSTER);
         assert!(ArcStr::is_static(&cds), "type URLs carry no refcount");
         assert!(!ArcStr::is_static(&intern("names-test-cluster-a")));
         let a = intern("names-test-cluster-a");

@@ -19,6 +19,7 @@ use super::constraints::{ConstraintKey, Params};
 use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeView};
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
+use super::names::type_urls;
 use super::packed;
 use super::per_type::PerType;
 use super::resource::{Locator, Name};
@@ -38,11 +39,7 @@ pub const RESOURCE_IN_SOTW_FEATURES: [&str; 2] = [
 
 /// Exactly these types need the full state in every SotW response (B1).
 pub fn is_full_state(type_url: &str) -> bool {
-    matches!(
-        type_url,
-        "type.googleapis.com/envoy.config.listener.v3.Listener"
-            | "type.googleapis.com/envoy.config.cluster.v3.Cluster"
-    )
+    type_url == type_urls::LISTENER || type_url == type_urls::CLUSTER
 }
 
 #[derive(Debug, Default, Clone)]
