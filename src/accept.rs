@@ -131,6 +131,12 @@ impl Acceptor {
             match self.listener.accept().await {
                 Ok((stream, _)) => {
                     self.pause = PAUSE_INITIAL;
+                    // Responses are written whole by h2; Nagle would hold a small one (an ACKed
+                    // update, a resume's empty answer) until the peer ACKs the previous segment.
+                    // tonic's own nodelay setting applies only to listeners it binds itself.
+                    if let Err(e) = stream.set_nodelay(true) {
+                        debug!(listener = self.which.label(), error = %e, "accept: TCP_NODELAY not set");
+                    }
                     return stream;
                 }
                 Err(e) => {
@@ -366,5 +372,24 @@ mod tests {
         assert!(!unlimited.short(1 << 40, 1 << 40));
         let off = FdBudget { reserve: 0, ..b };
         assert!(!off.short(99, 99), "0 disables the reserve");
+    }
+    struct Silent;
+    impl AcceptReport for Silent {
+        fn accept_failed(&self, _: Listener, _: AcceptError) {}
+        fn connection_accepted(&self) {}
+        fn connection_refused(&self) {}
+    }
+
+    #[tokio::test]
+    async fn accepted_connections_do_not_wait_for_acks_to_write() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut acceptor = Acceptor::new(listener, Listener::Xds);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let accepted = acceptor.accept(&Silent).await;
+        assert!(
+            accepted.nodelay().unwrap(),
+            "Nagle would hold a small response until the client ACKs the previous segment"
+        );
     }
 }

@@ -89,7 +89,6 @@ pub async fn run(
         let _ = admin_stop.changed().await;
     }));
     let mut server = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
         .max_concurrent_streams(Some(relay.config.limits.max_streams_per_connection));

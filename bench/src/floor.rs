@@ -27,7 +27,6 @@ use http_body::Frame;
 use prost::Message;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::codec::{Codec, Streaming};
 use tonic::server::NamedService;
 use tonic_prost::ProstCodec;
@@ -158,9 +157,10 @@ impl FloorServer {
     /// Serves the floor route on `listener` until the process ends.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) -> Result<(), String> {
         tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             .add_service(FloorService(self))
-            .serve_with_incoming(TcpListenerStream::new(listener))
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            )
             .await
             .map_err(|e| format!("floor: {e}"))
     }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use adsrelay::pb::discovery::aggregated_discovery_service_server::{
@@ -102,9 +102,10 @@ impl PlainControlPlane {
         let svc = AggregatedDiscoveryServiceServer::from_arc(Arc::new(Service(self)))
             .max_decoding_message_size(64 << 20);
         tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             .add_service(svc)
-            .serve_with_incoming(TcpListenerStream::new(listener))
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            )
             .await
             .map_err(|e| format!("plain control plane: {e}"))
     }

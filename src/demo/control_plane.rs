@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use dashmap::DashMap;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Status;
 
 use crate::downstream::{Mailbox, StreamHost};
@@ -118,7 +117,10 @@ impl ControlPlane {
     ) -> Result<(), tonic::transport::Error> {
         let mut server = tonic::transport::Server::builder();
         crate::downstream::services::add_all(&mut server, self, 64 << 20)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                shutdown,
+            )
             .await
     }
 }
