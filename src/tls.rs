@@ -713,8 +713,8 @@ mod tests {
 
     #[test]
     fn debug_output_names_files_but_never_key_material() {
-        let dir = std::env::temp_dir().join(format!("adsrelay-tls-debug-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = rcgen::CertificateParams::new(vec!["relay.test".to_string()])
             .unwrap()

@@ -6,7 +6,6 @@
 //!   file (or variable), and binds nothing;
 //! - `--version` prints the git commit.
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use clap::CommandFactory;
@@ -23,12 +22,15 @@ fn adsrelay(args: &[&str], env: &[(&str, &str)]) -> Output {
         .expect("run adsrelay")
 }
 
-fn config_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("adsrelay-config-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
+/// A config file holding `text`, deleted when dropped.
+fn config_file(name: &str, text: &str) -> tempfile::TempPath {
+    let file = tempfile::Builder::new()
+        .prefix(name)
+        .suffix(".toml")
+        .tempfile()
+        .unwrap();
+    std::fs::write(file.path(), text).unwrap();
+    file.into_temp_path()
 }
 
 /// The `key = value  # source` line of `key` in check-config's output.
@@ -62,7 +64,7 @@ fn every_relay_flag_reads_its_adsrelay_variable() {
 #[test]
 fn flag_beats_env_beats_file_beats_default() {
     let file = config_file(
-        "precedence.toml",
+        "precedence",
         "upstream = \"10.0.0.1:18000\"\nnode_id = \"from-file\"\ndrain_period = \"7s\"\n\
          resync_interval = \"5m\"\nlisten = \"0.0.0.0:18001\"\n",
     );
@@ -162,7 +164,7 @@ fn env_alone_configures_a_relay() {
 #[test]
 fn invalid_config_exits_64_naming_field_and_origin() {
     let file = config_file(
-        "invalid.toml",
+        "invalid",
         "upstream = \"10.0.0.1:18000\"\nmax_connection_age = \"10ms\"\n",
     );
     let out = adsrelay(&["check-config", "--config", file.to_str().unwrap()], &[]);
@@ -193,7 +195,7 @@ fn invalid_config_exits_64_naming_field_and_origin() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("upstream"));
 
     // A file that is not TOML names the file.
-    let file = config_file("broken.toml", "upstream = [\n");
+    let file = config_file("broken", "upstream = [\n");
     let out = adsrelay(&["check-config", "--config", file.to_str().unwrap()], &[]);
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains(&file.display().to_string()));

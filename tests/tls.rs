@@ -21,9 +21,10 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 const RELAY_NAME: &str = "adsrelay.example.internal";
 
-/// A test CA and a directory for the PEM files it issues.
+/// A test CA and a directory for the PEM files it issues (removed when dropped).
 struct Pki {
     dir: PathBuf,
+    _tmp: tempfile::TempDir,
     ca: CertifiedIssuer<'static, KeyPair>,
 }
 
@@ -38,8 +39,11 @@ struct Issued {
 
 impl Pki {
     fn new(name: &str) -> Pki {
-        let dir = std::env::temp_dir().join(format!("adsrelay-tls-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("adsrelay-tls-{name}-"))
+            .tempdir()
+            .unwrap();
+        let dir = tmp.path().to_path_buf();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params
@@ -47,7 +51,7 @@ impl Pki {
             .push(DnType::CommonName, format!("adsrelay test CA {name}"));
         let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
         std::fs::write(dir.join("ca.crt"), ca.pem()).unwrap();
-        Pki { dir, ca }
+        Pki { dir, _tmp: tmp, ca }
     }
 
     fn ca_path(&self) -> PathBuf {

@@ -457,9 +457,8 @@ mod tests {
 
     #[test]
     fn snapshot_settings_from_file_and_flags() {
-        let dir = std::env::temp_dir().join(format!("adsrelay-snapcfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("relay.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("relay.toml");
         std::fs::write(
             &path,
             "upstream = \"127.0.0.1:1\"\nsnapshot_path = \"/var/lib/adsrelay/cache.snap\"\n\
@@ -499,14 +498,12 @@ mod tests {
             e.starts_with("--snapshot-interval: snapshot_interval:"),
             "{e}"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn unsubscribed_cache_bytes_from_file_or_flag() {
-        let dir = std::env::temp_dir().join(format!("adsrelay-cfg-lru-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("relay.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("relay.toml");
         let default = args(Some("127.0.0.1:1")).into_config().unwrap();
         assert_eq!(default.unsubscribed_cache_bytes, 64 << 20);
         assert_eq!(default.unsubscribe_linger, Duration::from_secs(300));
@@ -534,14 +531,12 @@ mod tests {
             e.contains("relay.toml") && e.contains("unsubscribed_cache_bytes"),
             "{e}"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn file_errors_name_file_and_field() {
-        let dir = std::env::temp_dir().join(format!("adsrelay-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("relay.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("relay.toml");
         std::fs::write(
             &path,
             "upstream = \"127.0.0.1:1\"\nunsubscribe_linger = \"soon\"\n",
@@ -572,9 +567,8 @@ mod tests {
 
     #[test]
     fn groups_upstreams_and_resilience_from_file() {
-        let dir = std::env::temp_dir().join(format!("adsrelay-cfg5-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("relay.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("relay.toml");
         std::fs::write(
             &path,
             "upstreams = [\"10.0.0.1:18000\", \"cp-b.internal:18000\"]\n\

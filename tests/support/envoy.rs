@@ -67,9 +67,12 @@ impl Envoy {
         let config = template
             .replace("port_value: 18000", &format!("port_value: {relay_port}"))
             .replace("port_value: 9901", &format!("port_value: {admin_port}"));
-        let dir =
-            std::env::temp_dir().join(format!("adsrelay-envoy-{}-{node_id}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // Removed when the Envoy is dropped by a passing test (see Drop).
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("adsrelay-envoy-{node_id}-"))
+            .tempdir()
+            .unwrap()
+            .keep();
         let path = dir.join("bootstrap.yaml");
         std::fs::write(&path, config).unwrap();
         let log = dir.join("envoy.log");
@@ -106,5 +109,16 @@ impl Envoy {
 
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Envoy {
+    /// A passing test's bootstrap and log go; a failing test's stay for a look.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            if let Some(dir) = self.log.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
     }
 }
