@@ -84,6 +84,10 @@ pub struct Args {
     /// not the Delta floor, which ignores initial versions).
     #[arg(long)]
     pub storm: bool,
+    /// With --storm: the clients first forget what they hold (a fleet of restarted Envoys), so
+    /// they report no versions and every server sends everything again; the floor takes part.
+    #[arg(long)]
+    pub storm_cold: bool,
     /// Extra clients (every target but the floor) that subscribe like the others after they
     /// synced, then never read a response, for the whole phase; the report shows whether the
     /// normal clients' update latency and the server's RSS notice.

@@ -69,6 +69,8 @@ pub enum Ctrl {
     /// Close the stream and open a new one on the same connection (with initial versions).
     Reconnect,
     /// Reconnect storm: like `Reconnect`, and report when the new stream holds everything again.
+    /// In a cold storm ([`RunCtx::cold_storm`]) the client first forgets what it holds (an Envoy
+    /// restart), so it reports no versions and everything is sent again.
     Storm,
 }
 
@@ -147,6 +149,17 @@ impl ClientState {
             for &(i, v) in held {
                 self.set(kind, i, v);
             }
+        }
+    }
+
+    /// Forgets every resource held, keeping the subscriptions (a restarted client).
+    pub fn forget(&mut self) {
+        for held in &mut self.wild {
+            held.fill(ABSENT);
+        }
+        self.present = [0, 0];
+        for e in &mut self.eds {
+            e.1 = ABSENT;
         }
     }
 
@@ -412,7 +425,12 @@ pub async fn run_delta(
                         ctx.churn_events.fetch_add(1, Ordering::Relaxed);
                         break StreamEnd::Churned;
                     }
-                    Some(Ctrl::Storm) => break StreamEnd::Storm,
+                    Some(Ctrl::Storm) => {
+                        if ctx.cold_storm {
+                            state.forget();
+                        }
+                        break StreamEnd::Storm;
+                    }
                     None => break StreamEnd::Stop,
                 },
             }
@@ -564,7 +582,12 @@ pub async fn run_sotw(ctx: Arc<RunCtx>, id: u32, channel: Channel, mut ctrl: mps
                         ctx.churn_events.fetch_add(1, Ordering::Relaxed);
                         break StreamEnd::Churned;
                     }
-                    Some(Ctrl::Storm) => break StreamEnd::Storm,
+                    Some(Ctrl::Storm) => {
+                        if ctx.cold_storm {
+                            state.forget();
+                        }
+                        break StreamEnd::Storm;
+                    }
                     None => break StreamEnd::Stop,
                 },
             }

@@ -74,6 +74,8 @@ pub struct RunCtx {
     pub phase_start: Instant,
     /// Reconnect storm: when every client was told to reconnect (None before the storm).
     pub storm_start: Mutex<Option<Instant>>,
+    /// `--storm-cold`: clients forget what they hold before reconnecting in the storm.
+    pub cold_storm: bool,
     /// Clients synced again after the storm.
     pub resynced: AtomicUsize,
     /// Microseconds from the storm start to each client's resync.
@@ -81,8 +83,15 @@ pub struct RunCtx {
 }
 
 impl RunCtx {
-    pub fn new(workload: Arc<Workload>, group: String, groups: u32, clients: u32) -> Arc<Self> {
+    pub fn new(
+        workload: Arc<Workload>,
+        group: String,
+        groups: u32,
+        clients: u32,
+        cold_storm: bool,
+    ) -> Arc<Self> {
         Arc::new(RunCtx {
+            cold_storm,
             synced_flags: (0..clients).map(|_| AtomicBool::new(false)).collect(),
             eds_subs: (0..clients)
                 .map(|i| Mutex::new(workload.eds_for_client(i)))

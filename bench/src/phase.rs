@@ -187,6 +187,7 @@ async fn storm(
     progress: &Progress,
     target: &str,
 ) -> StormFigures {
+    let cold = ctx.cold_storm;
     let clients = ctx.synced.load(Ordering::Acquire);
     let before = upstream.stats().await;
     let cpu_before = sample(pid);
@@ -219,6 +220,7 @@ async fn storm(
     let server_cpu_per_client_us = pid.map(|_| per_client(sample(pid).cpu_s - cpu_before.cpu_s));
     let loadgen_cpu_per_client_us = per_client(procfs::sample_self().cpu_s - own_before.cpu_s);
     let f = StormFigures {
+        cold,
         clients,
         resynced: ctx.resynced.load(Ordering::Acquire),
         timed_out,
@@ -233,7 +235,8 @@ async fn storm(
         loadgen_cpu_per_client_us,
     };
     progress.line(format!(
-        "{target} storm: {}/{} clients synced again in {:.1} ms (p50 {:.1} p99 {:.1}){}; upstream saw {} requests, {} new streams{}; loadgen CPU {:.0} us per client",
+        "{target} {}storm: {}/{} clients synced again in {:.1} ms (p50 {:.1} p99 {:.1}){}; upstream saw {} requests, {} new streams{}; loadgen CPU {:.0} us per client",
+        if cold { "cold " } else { "" },
         f.resynced,
         f.clients,
         f.wall_ms,
@@ -457,7 +460,13 @@ pub async fn run(
     let n = args.clients;
     let k = args.streams_per_connection;
     let conns = args.connections();
-    let ctx = RunCtx::new(workload.clone(), args.group.clone(), args.groups, n);
+    let ctx = RunCtx::new(
+        workload.clone(),
+        args.group.clone(),
+        args.groups,
+        n,
+        args.storm_cold,
+    );
     let sem = Arc::new(Semaphore::new(args.connect_concurrency.max(1)));
     let mut ctrl_txs = Vec::with_capacity(n as usize);
     let mut clients = JoinSet::new();
@@ -670,9 +679,9 @@ pub async fn run(
     }
 
     // Reconnect storm: every synced client reopens its stream at once.
-    // Not the Delta floor: it ignores initial_resource_versions and resends everything, so its
-    // storm would not be the floor of anything.
-    let storm = if args.storm && !(floor && args.protocol == Protocol::Delta) {
+    // Not the Delta floor in a warm storm: it ignores initial_resource_versions and resends
+    // everything, so its storm would not be the floor of anything; in a cold one it is.
+    let storm = if args.storm && !(floor && args.protocol == Protocol::Delta && !args.storm_cold) {
         Some(
             storm(
                 &mut upstream,

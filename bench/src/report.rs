@@ -93,6 +93,8 @@ pub struct PhaseReport {
 /// The reconnect storm (`--storm`): every synced client reopened its stream at once.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StormFigures {
+    /// `--storm-cold`: the clients had forgotten what they held and were sent everything again.
+    pub cold: bool,
     /// Clients told to reconnect (those synced before the storm).
     pub clients: usize,
     /// Of those, synced again on their new stream within --timeout-secs.
@@ -405,8 +407,9 @@ pub fn summary(r: &RunReport) -> String {
         if let Some(st) = &p.storm {
             let _ = writeln!(
                 s,
-                "{:<7} storm: {}/{} synced again in {:.1} ms (p50 {:.1} p99 {:.1}){}; upstream {} requests, {} streams opened",
+                "{:<7} {}storm: {}/{} synced again in {:.1} ms (p50 {:.1} p99 {:.1}){}; upstream {} requests, {} streams opened",
                 p.target,
+                if st.cold { "cold " } else { "" },
                 st.resynced,
                 st.clients,
                 st.wall_ms,

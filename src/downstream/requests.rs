@@ -31,9 +31,10 @@ pub enum ReadError {
     BadPrefix(u8),
     #[error("the request stream ended inside a message")]
     Truncated,
-    /// The client reset the stream or the connection went away.
+    /// The client reset the stream or the connection went away (every Envoy reconnect: kept
+    /// as it came and formatted only if logged).
     #[error("{0}")]
-    Transport(String),
+    Transport(Box<tonic::Status>),
 }
 
 /// The requests of one stream, decoded as they arrive.
@@ -85,7 +86,7 @@ impl<T: prost::Message + Default> RequestReader<T> {
                         self.receive(data);
                     }
                 }
-                Some(Err(e)) => return Poll::Ready(Err(ReadError::Transport(e.to_string()))),
+                Some(Err(e)) => return Poll::Ready(Err(ReadError::Transport(Box::new(e)))),
                 None => self.ended = true,
             }
         }
