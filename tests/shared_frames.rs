@@ -237,3 +237,49 @@ fn e9_variant_subscribers_share_only_their_variants_frame() {
         Some(env_is("test"))
     );
 }
+
+/// A2 / A11: Delta clients joining by wildcard with nothing held get the type's whole content,
+/// built once for all of them (one frame); a client that reports versions gets only what differs;
+/// a NACK takes back what the shared answer gave, on that stream alone (A23).
+#[test]
+fn a2_wildcard_joins_share_the_whole_content_and_keep_their_own_records() {
+    let store = Store::complete(vec![
+        resource(CDS, "c1", "1"),
+        resource(CDS, "c2", "1"),
+        resource(CDS, "c3", "1"),
+    ]);
+    let join = || {
+        let mut s = DeltaStream::new();
+        s.on_request(&subscribe(CDS, &[])).unwrap();
+        s
+    };
+    let (mut a, mut b) = (join(), join());
+    let fa = a.next_frame(&store).expect("a answered").frame;
+    let fb = b.next_frame(&store).expect("b answered").frame;
+    assert_eq!(fa.bytes.as_ptr(), fb.bytes.as_ptr(), "one frame for both");
+    let all: Vec<(String, String)> = ["c1", "c2", "c3"]
+        .iter()
+        .map(|n| (n.to_string(), "1".to_string()))
+        .collect();
+    let (ra, rb) = (decode(&fa), decode(&fb));
+    assert_eq!(names(&ra), all);
+
+    let mut warm = DeltaStream::new();
+    let mut resume = subscribe(CDS, &[]);
+    resume
+        .initial_resource_versions
+        .insert("c1".into(), "1".into());
+    warm.on_request(&resume).unwrap();
+    let rw = decode(&warm.next_frame(&store).expect("warm answered").frame);
+    assert_eq!(names(&rw), all[1..], "only what the client does not hold");
+
+    a.on_request(&nack(&ra)).unwrap();
+    b.on_request(&ack(&rb)).unwrap();
+    let held = |s: &DeltaStream| s.view(false)[0].held;
+    assert_eq!(held(&a), 0, "a NACK gives back what the shared answer gave");
+    assert_eq!(held(&b), 3);
+    assert!(
+        a.next_frame(&store).is_none(),
+        "a rejected answer is not sent again unchanged"
+    );
+}

@@ -29,6 +29,7 @@ use super::per_type::PerType;
 use super::resource::{canonical_name, CachedResource, Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
 use super::unacked::Unacked;
+use super::wildcard_state::DeltaWildcard;
 use super::xdstp;
 use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceError, ResourceName};
 use crate::pb::wire;
@@ -122,6 +123,22 @@ struct TypeState {
 }
 
 impl TypeState {
+    /// A wildcard subscription (not VHDS's scoped one) and nothing else: no name subscribed,
+    /// held, forced, rejected or owed an error. Such a subscriber's next response is the type's
+    /// whole content, the same for all of them.
+    fn holds_only_an_empty_wildcard(&self) -> bool {
+        self.wildcard
+            && !self.scoped
+            && self.explicit.is_empty()
+            && self.known.is_empty()
+            && self.forced.is_empty()
+            && self.rejected.is_empty()
+            && self.heartbeats.is_empty()
+            && self.errors_sent.is_empty()
+            && self.invalid.is_empty()
+            && self.empty_globs.is_empty()
+    }
+
     fn has_work(&self) -> bool {
         !self.pending.is_empty()
             || self.pending_all
@@ -433,6 +450,43 @@ fn wire_id(r: &CachedResource, by_name: bool) -> (Name, ConstraintKey, bool) {
         r.key.clone()
     };
     (r.name.clone(), key, plain)
+}
+
+/// The whole content of `type_url` for a wildcard-only subscriber with `params` that holds
+/// nothing, as [`DeltaStream::build`] would give it name by name; `None` where each stream must
+/// build its own: the type is not synced yet, or it holds `do_not_cache` content (refetched per
+/// subscription, D2).
+fn delta_wildcard(store: &Store, type_url: &str, params: &Arc<Params>) -> Option<DeltaWildcard> {
+    if !store.wildcard_synced(type_url) {
+        return None;
+    }
+    let mut held = Vec::new();
+    for name in store.names(type_url) {
+        // An alias not yet resolved is not the wildcard's (the loop skips it too).
+        if store.is_unresolved_alias(type_url, name) {
+            continue;
+        }
+        if let Lookup::Present(r) = store.lookup_for(type_url, name, params) {
+            if r.do_not_cache && !store.is_source() {
+                return None;
+            }
+            held.push((
+                Locator::with_params(name.clone(), params.clone()),
+                r.clone(),
+            ));
+        }
+    }
+    held.sort_by(|a, b| a.0.cmp(&b.0));
+    let resources: Vec<Bytes> = held
+        .iter()
+        .map(|(_, r)| r.delta_bytes(true).clone())
+        .collect();
+    let bytes = resources.iter().map(Bytes::len).sum();
+    Some(DeltaWildcard {
+        held,
+        resources,
+        bytes,
+    })
 }
 
 impl DeltaStream {
@@ -826,6 +880,20 @@ impl DeltaStream {
         let mut candidates = std::mem::take(&mut ts.pending);
         if ts.pending_all {
             ts.pending_all = false;
+            // The common join: a wildcard-only subscriber that holds nothing gets the type's
+            // whole content, the same for every such stream, built once per store change (see
+            // `wildcard_state`); unless it is over the size limit, which the loop below splits.
+            if candidates.is_empty() && ts.holds_only_an_empty_wildcard() {
+                let shared = store
+                    .delta_wildcards()
+                    .get_or_build(type_url, false, defaults, || {
+                        delta_wildcard(store, type_url, defaults)
+                    })
+                    .filter(|s| s.bytes <= budget);
+                if let Some(shared) = shared {
+                    return Self::respond_with_shared(ts, type_url, &shared, synced);
+                }
+            }
             if ts.wildcard {
                 candidates.extend(store.names(type_url).cloned());
             }
@@ -1029,6 +1097,35 @@ impl DeltaStream {
             removed_resources: out.removed.into_iter().collect(),
             removed_resource_names: out.removed_variants,
             resource_errors: out.errors,
+            ..Default::default()
+        })
+    }
+
+    /// What [`DeltaStream::build`]'s loop would give a wildcard-only subscriber holding nothing:
+    /// every resource of `shared`, each now held (undone on NACK like any other).
+    fn respond_with_shared(
+        ts: &mut TypeState,
+        type_url: &str,
+        shared: &DeltaWildcard,
+        synced: bool,
+    ) -> Option<wire::DeltaDiscoveryResponse> {
+        for (l, _) in &shared.held {
+            ts.unacked.record(l, None, ts.last_nonce);
+        }
+        // In locator order: the map is built whole, with full nodes.
+        ts.known = shared
+            .held
+            .iter()
+            .map(|(l, r)| (l.clone(), Held::Sent(r.clone())))
+            .collect();
+        let answer_owed = ts.owe_response && synced;
+        if shared.resources.is_empty() && !answer_owed {
+            return None;
+        }
+        ts.owe_response = false;
+        Some(wire::DeltaDiscoveryResponse {
+            type_url: type_url.to_string(),
+            resources: shared.resources.clone(),
             ..Default::default()
         })
     }

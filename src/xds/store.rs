@@ -14,7 +14,7 @@ use super::constraints::{self, ConstraintKey, Params, Selection};
 use super::frame::FrameCache;
 use super::names::{Hasher, SortedNameMap};
 use super::resource::{canonical_name, CachedResource, Name, ResourceError};
-use super::wildcard_state::WildcardStates;
+use super::wildcard_state::{DeltaWildcard, WildcardStates};
 use super::xdstp;
 use crate::pb::discovery::{ResourceError as ResourceErrorProto, ResourceName};
 
@@ -178,6 +178,8 @@ pub struct Store {
     /// Full states for wildcard-only SotW subscribers, built once per change; every `&mut self`
     /// method that changes content clears them (`apply_delta` through `apply`).
     wildcard_states: WildcardStates,
+    /// The same for Delta wildcard-only subscribers that hold nothing yet.
+    delta_wildcards: WildcardStates<DeltaWildcard>,
 }
 
 static NO_PARAMS: std::sync::LazyLock<Params> = std::sync::LazyLock::new(Params::new);
@@ -219,6 +221,17 @@ impl Store {
     /// The wildcard SotW states built since the store last changed.
     pub fn wildcard_states(&self) -> &WildcardStates {
         &self.wildcard_states
+    }
+
+    /// The Delta wildcard contents built since the store last changed.
+    pub fn delta_wildcards(&self) -> &WildcardStates<DeltaWildcard> {
+        &self.delta_wildcards
+    }
+
+    /// The content changed: no shared state built before is current.
+    fn forget_shared_states(&mut self) {
+        self.wildcard_states.clear();
+        self.delta_wildcards.clear();
     }
 
     /// The current sequence number: resources that arrive later have a larger `arrival`.
@@ -417,7 +430,7 @@ impl Store {
         mut update: UpstreamUpdate,
         wildcard_answered: bool,
     ) -> Result<ChangeSet, ApplyError> {
-        self.wildcard_states.clear();
+        self.forget_shared_states();
         // A29: removals name resources as the store keys them.
         for n in update.removed.iter_mut().filter(|n| xdstp::is_xdstp(n)) {
             *n = canonical_name(n).to_string();
@@ -635,7 +648,7 @@ impl Store {
     /// that the configuration must not outlive it. Their names count as removed, so clients that
     /// did not get the TTL (plain SotW) lose them too.
     pub fn expire(&mut self, now: Instant) -> Vec<ChangeSet> {
-        self.wildcard_states.clear();
+        self.forget_shared_states();
         let mut out = Vec::new();
         for (type_url, ts) in self.types.iter_mut() {
             let mut names = Vec::new();
@@ -712,7 +725,7 @@ impl Store {
     /// Variants that may not be kept or whose TTL ran out by `now` are skipped. Returns how many
     /// variants were restored.
     pub fn import(&mut self, types: Vec<ExportedType>, now: Instant) -> usize {
-        self.wildcard_states.clear();
+        self.forget_shared_states();
         let mut restored = 0;
         for t in types {
             let ts = self.types.entry(t.type_url).or_default();
@@ -746,7 +759,7 @@ impl Store {
     /// (it need not answer): serve what the cache holds to wildcard subscribers, without the
     /// authority to remove names (A12). A later response of the type makes it authoritative.
     pub fn serve_unanswered_wildcard(&mut self, type_url: &str) -> Option<ChangeSet> {
-        self.wildcard_states.clear();
+        self.forget_shared_states();
         let ts = self.types.entry(type_url.to_string()).or_default();
         if ts.wildcard_synced {
             return None;
@@ -762,7 +775,7 @@ impl Store {
 
     /// The upstream subscription for `name` lapsed: what is held may go stale, so drop it (D5).
     pub fn forget(&mut self, type_url: &str, name: &str) {
-        self.wildcard_states.clear();
+        self.forget_shared_states();
         if let Some(ts) = self.types.get_mut(type_url) {
             ts.names.remove(name);
             if !ts.aliases.is_empty() {
@@ -775,7 +788,7 @@ impl Store {
     /// the names `keep` says are still wanted by themselves: a lapsed collection must not be
     /// answered from stale knowledge when subscribed again (D5).
     pub fn forget_collection(&mut self, type_url: &str, glob: &str, keep: impl Fn(&str) -> bool) {
-        self.wildcard_states.clear();
+        self.forget_shared_states();
         let members: Vec<Name> = self
             .collection_entries(type_url, glob)
             .map(|(n, _)| n.clone())
@@ -826,7 +839,7 @@ impl Store {
 
     /// The upstream wildcard subscription lapsed: keep only names still wanted explicitly.
     pub fn forget_wildcard(&mut self, type_url: &str, still_wanted: impl Fn(&str) -> bool) {
-        self.wildcard_states.clear();
+        self.forget_shared_states();
         if let Some(ts) = self.types.get_mut(type_url) {
             ts.names.retain(|n, _| still_wanted(n));
             ts.wildcard_synced = false;

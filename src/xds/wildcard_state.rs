@@ -1,5 +1,6 @@
-//! The state of the world a wildcard-only SotW subscriber gets, built once per store change and
-//! shared by every such stream of the group.
+//! The state of the world a wildcard-only SotW subscriber gets, and the whole content a Delta
+//! wildcard-only subscriber that holds nothing yet gets (a join, a restarted client), each built
+//! once per store change and shared by every such stream of the group.
 //!
 //! A full-state type (Listener, Cluster) answers each change with everything the client holds. A
 //! wildcard-only subscriber with the group's usual dynamic parameters holds exactly the store's
@@ -9,6 +10,10 @@
 //! CPU with 100 Clusters); built here it costs that once per change, and each stream compares what
 //! it holds against the shared list.
 //!
+//! A Delta client joining by wildcard likewise receives every resource of the type: per client that
+//! was a store lookup, a record, an undo entry and a duplicate check per resource; shared, the
+//! stream takes the list and bulk-builds its records from it.
+//!
 //! Kept in the store it was built from, keyed by (type, wrapping, parameters),
 //! and dropped by every change to the store, so an entry is never stale.
 
@@ -17,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use super::constraints::{ConstraintKey, Params};
-use super::resource::Locator;
+use super::resource::{CachedResource, Locator};
 use crate::sync::lock;
 
 /// What a SotW client holds for one subscription: the variant and its version.
@@ -34,24 +39,41 @@ pub struct WildcardState {
     pub version_info: String,
 }
 
-struct Entry {
+/// One type's whole content for a Delta wildcard-only subscriber that holds nothing of it.
+#[derive(Debug)]
+pub struct DeltaWildcard {
+    /// What the client holds after receiving it, in locator order.
+    pub held: Vec<(Locator, Arc<CachedResource>)>,
+    /// The response's resources, in the same order.
+    pub resources: Vec<Bytes>,
+    /// Their encoded size, against the stream's response size limit.
+    pub bytes: usize,
+}
+
+struct Entry<T> {
     type_url: String,
     wrap: bool,
     params: Arc<Params>,
     /// `None`: this type cannot be answered from a shared state now (not yet synced, or content
     /// that must not be shared), so each stream builds its own response.
-    state: Option<Arc<WildcardState>>,
+    state: Option<Arc<T>>,
 }
 
 /// Past this many (type, wrapping, parameters) keys the memo starts over: a group whose clients
 /// carry many distinct parameter sets gains little from it.
 const MAX_ENTRIES: usize = 32;
 
-/// The shared states built since the store last changed.
-#[derive(Default)]
-pub struct WildcardStates(Mutex<Vec<Entry>>);
+/// The shared states (SotW: [`WildcardState`]; Delta: [`DeltaWildcard`]) built since the store
+/// last changed.
+pub struct WildcardStates<T = WildcardState>(Mutex<Vec<Entry<T>>>);
 
-impl std::fmt::Debug for WildcardStates {
+impl<T> Default for WildcardStates<T> {
+    fn default() -> Self {
+        WildcardStates(Mutex::new(Vec::new()))
+    }
+}
+
+impl<T> std::fmt::Debug for WildcardStates<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("WildcardStates")
             .field(&lock(&self.0).len())
@@ -59,7 +81,7 @@ impl std::fmt::Debug for WildcardStates {
     }
 }
 
-impl WildcardStates {
+impl<T> WildcardStates<T> {
     /// The shared state for (type, wrapping, parameters), built by `build` the first time it is
     /// asked for since the store changed. Building under the lock: streams woken by one change
     /// wait for the first build rather than repeat it.
@@ -68,8 +90,8 @@ impl WildcardStates {
         type_url: &str,
         wrap: bool,
         params: &Arc<Params>,
-        build: impl FnOnce() -> Option<WildcardState>,
-    ) -> Option<Arc<WildcardState>> {
+        build: impl FnOnce() -> Option<T>,
+    ) -> Option<Arc<T>> {
         let mut entries = lock(&self.0);
         let found = entries.iter().find(|e| {
             e.wrap == wrap
