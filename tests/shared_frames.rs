@@ -239,8 +239,9 @@ fn e9_variant_subscribers_share_only_their_variants_frame() {
 }
 
 /// A2 / A11: Delta clients joining by wildcard with nothing held get the type's whole content,
-/// built once for all of them (one frame); a client that reports versions gets only what differs;
-/// a NACK takes back what the shared answer gave, on that stream alone (A23).
+/// built once for all of them (one frame); a client that reports versions gets only what differs
+/// (nothing but the A2 answer when it holds everything); a NACK takes back what the shared answer
+/// gave, on that stream alone (A23).
 #[test]
 fn a2_wildcard_joins_share_the_whole_content_and_keep_their_own_records() {
     let store = Store::complete(vec![
@@ -272,6 +273,27 @@ fn a2_wildcard_joins_share_the_whole_content_and_keep_their_own_records() {
     warm.on_request(&resume).unwrap();
     let rw = decode(&warm.next_frame(&store).expect("warm answered").frame);
     assert_eq!(names(&rw), all[1..], "only what the client does not hold");
+
+    // A resume reporting exactly the current content is owed only the empty answer (A2); one
+    // reporting an old version of c1 gets c1 alone.
+    let resume_with = |versions: &[(&str, &str)]| {
+        let mut s = DeltaStream::new();
+        let mut r = subscribe(CDS, &[]);
+        for (n, v) in versions {
+            r.initial_resource_versions
+                .insert(n.to_string(), v.to_string());
+        }
+        s.on_request(&r).unwrap();
+        s
+    };
+    let mut current = resume_with(&[("c1", "1"), ("c2", "1"), ("c3", "1")]);
+    let rc = decode(&current.next_frame(&store).expect("A2: answered").frame);
+    assert!(rc.resources.is_empty() && rc.removed_resources.is_empty());
+    assert_eq!(current.view(false)[0].held, 3);
+    assert!(current.next_frame(&store).is_none(), "answered once");
+    let mut stale = resume_with(&[("c1", "0"), ("c2", "1"), ("c3", "1")]);
+    let rs = decode(&stale.next_frame(&store).expect("stale answered").frame);
+    assert_eq!(names(&rs), all[..1]);
 
     a.on_request(&nack(&ra)).unwrap();
     b.on_request(&ack(&rb)).unwrap();

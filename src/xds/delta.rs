@@ -124,13 +124,12 @@ struct TypeState {
 
 impl TypeState {
     /// A wildcard subscription (not VHDS's scoped one) and nothing else: no name subscribed,
-    /// held, forced, rejected or owed an error. Such a subscriber's next response is the type's
-    /// whole content, the same for all of them.
-    fn holds_only_an_empty_wildcard(&self) -> bool {
+    /// forced, rejected or owed an error. What such a subscriber is due depends only on what it
+    /// holds and the type's content.
+    fn only_the_wildcard(&self) -> bool {
         self.wildcard
             && !self.scoped
             && self.explicit.is_empty()
-            && self.known.is_empty()
             && self.forced.is_empty()
             && self.rejected.is_empty()
             && self.heartbeats.is_empty()
@@ -450,6 +449,24 @@ fn wire_id(r: &CachedResource, by_name: bool) -> (Name, ConstraintKey, bool) {
         r.key.clone()
     };
     (r.name.clone(), key, plain)
+}
+
+/// Whether `known` is exactly what `shared` gives: the same locators, each at the version sent.
+fn holds_exactly(known: &BTreeMap<Locator, Held>, shared: &DeltaWildcard) -> bool {
+    known.len() == shared.held.len()
+        && known
+            .iter()
+            .zip(&shared.held)
+            .all(|((l, held), (sl, r))| l == sl && held.is(r))
+}
+
+/// Whether every name in `names` has a record in `known` (both in name order: one merge walk).
+fn all_held(names: &BTreeSet<Name>, known: &BTreeMap<Locator, Held>) -> bool {
+    let mut held = known.keys().map(|l| &l.name).peekable();
+    names.iter().all(|n| {
+        while held.next_if(|h| *h < n).is_some() {}
+        held.next_if(|h| *h == n).is_some()
+    })
 }
 
 /// The whole content of `type_url` for a wildcard-only subscriber with `params` that holds
@@ -880,18 +897,24 @@ impl DeltaStream {
         let mut candidates = std::mem::take(&mut ts.pending);
         if ts.pending_all {
             ts.pending_all = false;
-            // The common join: a wildcard-only subscriber that holds nothing gets the type's
-            // whole content, the same for every such stream, built once per store change (see
-            // `wildcard_state`); unless it is over the size limit, which the loop below splits.
-            if candidates.is_empty() && ts.holds_only_an_empty_wildcard() {
-                let shared = store
-                    .delta_wildcards()
-                    .get_or_build(type_url, false, defaults, || {
-                        delta_wildcard(store, type_url, defaults)
-                    })
-                    .filter(|s| s.bytes <= budget);
+            // The common join and resume of a wildcard-only subscriber, against the type's
+            // whole content built once per store change (see `wildcard_state`): one that holds
+            // nothing gets all of it (unless over the size limit, which the loop below splits);
+            // one that reported exactly that content is due nothing but what A2 owes.
+            if ts.only_the_wildcard() {
+                let shared =
+                    store
+                        .delta_wildcards()
+                        .get_or_build(type_url, false, defaults, || {
+                            delta_wildcard(store, type_url, defaults)
+                        });
                 if let Some(shared) = shared {
-                    return Self::respond_with_shared(ts, type_url, &shared, synced);
+                    if ts.known.is_empty() && candidates.is_empty() && shared.bytes <= budget {
+                        return Self::respond_with_shared(ts, type_url, &shared, synced);
+                    }
+                    if holds_exactly(&ts.known, &shared) && all_held(&candidates, &ts.known) {
+                        return Self::answer_owed(ts, type_url, synced);
+                    }
                 }
             }
             if ts.wildcard {
@@ -1118,14 +1141,29 @@ impl DeltaStream {
             .iter()
             .map(|(l, r)| (l.clone(), Held::Sent(r.clone())))
             .collect();
-        let answer_owed = ts.owe_response && synced;
-        if shared.resources.is_empty() && !answer_owed {
-            return None;
+        if shared.resources.is_empty() {
+            return Self::answer_owed(ts, type_url, synced);
         }
         ts.owe_response = false;
         Some(wire::DeltaDiscoveryResponse {
             type_url: type_url.to_string(),
             resources: shared.resources.clone(),
+            ..Default::default()
+        })
+    }
+
+    /// Nothing to send: the empty response an initial wildcard request is owed (A2), if any.
+    fn answer_owed(
+        ts: &mut TypeState,
+        type_url: &str,
+        synced: bool,
+    ) -> Option<wire::DeltaDiscoveryResponse> {
+        if !(ts.owe_response && synced) {
+            return None;
+        }
+        ts.owe_response = false;
+        Some(wire::DeltaDiscoveryResponse {
+            type_url: type_url.to_string(),
             ..Default::default()
         })
     }
