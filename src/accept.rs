@@ -373,6 +373,7 @@ mod tests {
         let off = FdBudget { reserve: 0, ..b };
         assert!(!off.short(99, 99), "0 disables the reserve");
     }
+
     struct Silent;
     impl AcceptReport for Silent {
         fn accept_failed(&self, _: Listener, _: AcceptError) {}

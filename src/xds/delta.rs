@@ -474,26 +474,13 @@ fn all_held(names: &BTreeSet<Name>, known: &BTreeMap<Locator, Held>) -> bool {
 /// build its own: the type is not synced yet, or it holds `do_not_cache` content (refetched per
 /// subscription, D2).
 fn delta_wildcard(store: &Store, type_url: &str, params: &Arc<Params>) -> Option<DeltaWildcard> {
-    if !store.wildcard_synced(type_url) {
-        return None;
-    }
-    let mut held = Vec::new();
-    for name in store.names(type_url) {
-        // An alias not yet resolved is not the wildcard's (the loop skips it too).
-        if store.is_unresolved_alias(type_url, name) {
-            continue;
-        }
-        if let Lookup::Present(r) = store.lookup_for(type_url, name, params) {
-            if r.do_not_cache && !store.is_source() {
-                return None;
-            }
-            held.push((
-                Locator::with_params(name.clone(), params.clone()),
-                r.clone(),
-            ));
-        }
-    }
-    held.sort_by(|a, b| a.0.cmp(&b.0));
+    let held: Vec<(Locator, Arc<CachedResource>)> = store
+        .wildcard_content(type_url, params)?
+        .into_iter()
+        // An alias not yet resolved is not the wildcard's (the name-by-name build skips it too).
+        .filter(|(l, _)| !store.is_unresolved_alias(type_url, &l.name))
+        .map(|(l, r)| (l, r.clone()))
+        .collect();
     let resources: Vec<Bytes> = held
         .iter()
         .map(|(_, r)| r.delta_bytes(true).clone())
@@ -902,6 +889,7 @@ impl DeltaStream {
             // nothing gets all of it (unless over the size limit, which the loop below splits);
             // one that reported exactly that content is due nothing but what A2 owes.
             if ts.only_the_wildcard() {
+                // `false`: the memo's SotW wrapping flag, which Delta has no use for.
                 let shared =
                     store
                         .delta_wildcards()

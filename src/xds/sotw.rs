@@ -730,19 +730,7 @@ fn wildcard_state(
     wrap: bool,
     params: &Arc<Params>,
 ) -> Option<WildcardState> {
-    if !store.wildcard_synced(type_url) {
-        return None;
-    }
-    let mut present: Vec<(Locator, &Arc<super::CachedResource>)> = Vec::new();
-    for name in store.names(type_url) {
-        if let Lookup::Present(r) = store.lookup_for(type_url, name, params) {
-            if r.do_not_cache && !store.is_source() {
-                return None;
-            }
-            present.push((Locator::with_params(name.clone(), params.clone()), r));
-        }
-    }
-    present.sort_by(|a, b| a.0.cmp(&b.0));
+    let present = store.wildcard_content(type_url, params)?;
     let resources = present
         .iter()
         .map(|(_, r)| r.sotw_bytes(wrap, true).clone())

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use super::constraints::{self, ConstraintKey, Params, Selection};
 use super::frame::FrameCache;
 use super::names::{Hasher, SortedNameMap};
-use super::resource::{canonical_name, CachedResource, Name, ResourceError};
+use super::resource::{canonical_name, CachedResource, Locator, Name, ResourceError};
 use super::wildcard_state::{DeltaWildcard, WildcardStates};
 use super::xdstp;
 use crate::pb::discovery::{ResourceError as ResourceErrorProto, ResourceName};
@@ -325,6 +325,31 @@ impl Store {
                 .types
                 .get(type_url)
                 .is_some_and(|t| t.wildcard_synced && !t.wildcard_restored)
+    }
+
+    /// What a wildcard-only subscriber with `params` is given of `type_url`: each name's
+    /// selected variant, in locator order. `None` while the type is not synced, or when it holds
+    /// `do_not_cache` content, which a cache serves per subscription (D2), never shared.
+    pub fn wildcard_content(
+        &self,
+        type_url: &str,
+        params: &Arc<Params>,
+    ) -> Option<Vec<(Locator, &Arc<CachedResource>)>> {
+        if !self.wildcard_synced(type_url) {
+            return None;
+        }
+        let mut present = Vec::new();
+        // Names come in order and share `params`: the list is in locator order as built.
+        for name in self.names(type_url) {
+            if let Lookup::Present(r) = self.lookup_for(type_url, name, params) {
+                if r.do_not_cache && !self.is_source() {
+                    return None;
+                }
+                present.push((Locator::with_params(name.clone(), params.clone()), r));
+            }
+        }
+        debug_assert!(present.is_sorted_by(|a, b| a.0 <= b.0));
+        Some(present)
     }
 
     /// Every name with at least one variant, in order.
