@@ -1,6 +1,6 @@
 //! Downstream adapters: one task per client stream driving the protocol core, the reader of its
-//! requests, the bounded change mailboxes that feed them, and the one-slot hand-off of responses
-//! to the HTTP/2 body.
+//! requests, the bounded change mailboxes that feed them, and the slot that hands responses to
+//! the HTTP/2 body.
 
 pub mod limits;
 pub mod mailbox;

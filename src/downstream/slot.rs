@@ -1,16 +1,23 @@
-//! The one-slot hand-off between a stream's task and its HTTP/2 response body: at most one
-//! response in flight, so the next one is built from the newest state only when the transport
-//! took the previous one.
+//! The hand-off between a stream's task and its HTTP/2 response body: the next response is built
+//! from the newest state only when the transport took what came before, so a slow client holds
+//! at most one large frame (plus a few small ones) and never a backlog.
 //!
-//! Written here rather than taken from tokio: an `mpsc` channel of capacity 1 allocates its slots
-//! 32 at a time, keeps cache-padded bookkeeping and a semaphore (~0.7 KiB per stream with ten
-//! thousand streams open) and wants items boxed to stay small. This is one small allocation per
-//! stream: a mutex-guarded option and the two sides' wakers.
+//! Small frames written one after another (a resume's two wildcard answers, a run of ACK-sized
+//! updates) wait together and leave as one data chunk while they fit one HTTP/2 DATA frame of the
+//! default maximum size: one frame and one socket write for the client to read instead of several,
+//! as tonic's encoder batches the messages ready together. A frame larger than that is never
+//! copied: it leaves alone, as the shared bytes it is.
+//!
+//! Written here rather than taken from tokio: an `mpsc` channel allocates its slots 32 at a time,
+//! keeps cache-padded bookkeeping and a semaphore (~0.7 KiB per stream with ten thousand streams
+//! open) and wants items boxed to stay small. This is one small allocation per stream: a
+//! mutex-guarded queue and the two sides' wakers.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tonic::Status;
 
 use crate::sync::lock;
@@ -18,19 +25,34 @@ use crate::sync::lock;
 /// A complete gRPC message (shared frame) or the status that ends the stream.
 pub type Item = Result<Bytes, Box<Status>>;
 
+/// Queued frames are joined while together they fit this (HTTP/2's default maximum DATA frame
+/// payload); the stream task may write while less than this waits.
+pub const BATCH_BYTES: usize = 16 * 1024;
+
 /// The body went away (the client reset the stream or the connection closed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Closed;
 
 #[derive(Default)]
 struct State {
-    item: Option<Item>,
+    /// Frames written and not yet taken by the body, oldest first.
+    frames: VecDeque<Bytes>,
+    /// Their total length.
+    queued_bytes: usize,
+    /// The status that ends the stream, after the frames.
+    status: Option<Box<Status>>,
     sender_gone: bool,
     receiver_gone: bool,
     /// The body waiting for an item.
     receiver: Option<Waker>,
-    /// The stream task waiting for the slot to empty.
+    /// The stream task waiting for room.
     sender: Option<Waker>,
+}
+
+impl State {
+    fn has_room(&self) -> bool {
+        self.status.is_none() && self.queued_bytes < BATCH_BYTES
+    }
 }
 
 /// A new slot: the stream task's end and the body's end.
@@ -43,16 +65,16 @@ pub fn slot() -> (Sender, Receiver) {
 pub struct Sender(Arc<Mutex<State>>);
 
 impl Sender {
-    /// Whether an item can go in now; `Err` once the body is gone.
+    /// Whether an item can go in now (nothing large waits); `Err` once the body is gone.
     pub fn is_free(&self) -> Result<bool, Closed> {
         let state = lock(&self.0);
         if state.receiver_gone {
             return Err(Closed);
         }
-        Ok(state.item.is_none())
+        Ok(state.has_room())
     }
 
-    /// Waits until the body took the previous item.
+    /// Waits until the body took enough of what waits.
     pub async fn ready(&self) -> Result<(), Closed> {
         std::future::poll_fn(|cx| self.poll_ready(cx)).await
     }
@@ -62,7 +84,7 @@ impl Sender {
         if state.receiver_gone {
             return Poll::Ready(Err(Closed));
         }
-        if state.item.is_none() {
+        if state.has_room() {
             return Poll::Ready(Ok(()));
         }
         if !state
@@ -75,12 +97,18 @@ impl Sender {
         Poll::Pending
     }
 
-    /// Puts `item` in the slot, which the caller saw free (this task is its only producer).
+    /// Queues `item`; the caller saw room (this task is the only producer).
     pub fn put(&self, item: Item) {
         let waker = {
             let mut state = lock(&self.0);
-            debug_assert!(state.item.is_none(), "put into a full slot");
-            state.item = Some(item);
+            debug_assert!(state.has_room(), "put into a full slot");
+            match item {
+                Ok(frame) => {
+                    state.queued_bytes += frame.len();
+                    state.frames.push_back(frame);
+                }
+                Err(status) => state.status = Some(status),
+            }
             state.receiver.take()
         };
         if let Some(w) = waker {
@@ -113,24 +141,30 @@ impl Drop for Sender {
 pub struct Receiver(Arc<Mutex<State>>);
 
 impl Receiver {
-    /// The next item; `None` once the sender is gone and the slot is empty.
+    /// The next item: the oldest frame, joined with those after it while together they fit
+    /// [`BATCH_BYTES`]; then the status; `None` once the sender is gone and nothing waits.
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Item>> {
         let (item, waker) = {
             let mut state = lock(&self.0);
-            match state.item.take() {
-                Some(item) => (item, state.sender.take()),
-                None if state.sender_gone => return Poll::Ready(None),
-                None => {
-                    if !state
-                        .receiver
-                        .as_ref()
-                        .is_some_and(|w| w.will_wake(cx.waker()))
-                    {
-                        state.receiver = Some(cx.waker().clone());
+            let item = match state.frames.pop_front() {
+                Some(first) => Ok(join_small(first, &mut state.frames)),
+                None => match state.status.take() {
+                    Some(status) => Err(status),
+                    None if state.sender_gone => return Poll::Ready(None),
+                    None => {
+                        if !state
+                            .receiver
+                            .as_ref()
+                            .is_some_and(|w| w.will_wake(cx.waker()))
+                        {
+                            state.receiver = Some(cx.waker().clone());
+                        }
+                        return Poll::Pending;
                     }
-                    return Poll::Pending;
-                }
-            }
+                },
+            };
+            state.queued_bytes = state.frames.iter().map(Bytes::len).sum();
+            (item, state.sender.take())
         };
         if let Some(w) = waker {
             w.wake();
@@ -139,12 +173,34 @@ impl Receiver {
     }
 }
 
+/// `first` and the frames after it that fit with it in [`BATCH_BYTES`], as one chunk. A frame
+/// alone (the common case, and any large one) is returned as it is, without a copy.
+fn join_small(first: Bytes, rest: &mut VecDeque<Bytes>) -> Bytes {
+    let fits =
+        |len: usize, next: Option<&Bytes>| next.is_some_and(|n| len + n.len() <= BATCH_BYTES);
+    if !fits(first.len(), rest.front()) {
+        return first;
+    }
+    let mut joined = BytesMut::with_capacity(
+        BATCH_BYTES.min(first.len() + rest.iter().map(Bytes::len).sum::<usize>()),
+    );
+    joined.extend_from_slice(&first);
+    while fits(joined.len(), rest.front()) {
+        if let Some(next) = rest.pop_front() {
+            joined.extend_from_slice(&next);
+        }
+    }
+    joined.freeze()
+}
+
 impl Drop for Receiver {
     fn drop(&mut self) {
         let waker = {
             let mut state = lock(&self.0);
             state.receiver_gone = true;
-            state.item = None;
+            state.frames.clear();
+            state.queued_bytes = 0;
+            state.status = None;
             state.sender.take()
         };
         if let Some(w) = waker {
@@ -161,28 +217,59 @@ mod tests {
         rx.poll_recv(&mut Context::from_waker(Waker::noop()))
     }
 
+    fn large(byte: u8) -> Bytes {
+        Bytes::from(vec![byte; BATCH_BYTES])
+    }
+
     #[tokio::test]
-    async fn one_item_in_flight_then_the_end() {
+    async fn a_large_frame_in_flight_leaves_no_room_then_the_end() {
         let (tx, mut rx) = slot();
         assert_eq!(tx.is_free(), Ok(true));
         assert!(recv(&mut rx).is_pending());
-        tx.put(Ok(Bytes::from_static(b"a")));
-        assert_eq!(tx.is_free(), Ok(false), "one item in flight");
+        tx.put(Ok(large(b'a')));
+        assert_eq!(tx.is_free(), Ok(false), "a large frame waits alone");
         let waiting = tokio::spawn(async move {
             tx.send(Ok(Bytes::from_static(b"b"))).await.unwrap();
             // Dropped here: the body ends after what it holds.
         });
         tokio::task::yield_now().await;
-        assert!(matches!(recv(&mut rx), Poll::Ready(Some(Ok(b))) if b == "a"));
+        assert!(matches!(recv(&mut rx), Poll::Ready(Some(Ok(b))) if b == large(b'a')));
         waiting.await.unwrap();
         assert!(matches!(recv(&mut rx), Poll::Ready(Some(Ok(b))) if b == "b"));
         assert!(matches!(recv(&mut rx), Poll::Ready(None)));
     }
 
+    #[test]
+    fn small_frames_leave_together_large_ones_alone_and_uncopied_then_the_status() {
+        let (tx, mut rx) = slot();
+        tx.put(Ok(Bytes::from_static(b"first ")));
+        assert_eq!(tx.is_free(), Ok(true), "a small frame leaves room");
+        tx.put(Ok(Bytes::from_static(b"second")));
+        let big = large(b'x');
+        let big_at = big.as_ptr();
+        tx.put(Ok(big));
+        assert_eq!(tx.is_free(), Ok(false));
+        assert!(matches!(recv(&mut rx), Poll::Ready(Some(Ok(b))) if b == "first second"));
+        assert_eq!(tx.is_free(), Ok(false), "the large frame still waits");
+        match recv(&mut rx) {
+            Poll::Ready(Some(Ok(b))) => {
+                assert_eq!(b.as_ptr(), big_at, "the shared bytes, not a copy")
+            }
+            other => panic!("expected the large frame, got {other:?}"),
+        }
+        tx.put(Ok(Bytes::from_static(b"after")));
+        tx.put(Err(Box::new(Status::unavailable("draining"))));
+        assert!(matches!(recv(&mut rx), Poll::Ready(Some(Ok(b))) if b == "after"));
+        assert!(
+            matches!(recv(&mut rx), Poll::Ready(Some(Err(s))) if s.message() == "draining"),
+            "the status goes after every frame"
+        );
+    }
+
     #[tokio::test]
     async fn a_gone_body_frees_the_waiting_sender() {
         let (tx, rx) = slot();
-        tx.put(Ok(Bytes::from_static(b"a")));
+        tx.put(Ok(large(b'a')));
         let waiting = tokio::spawn(async move { tx.ready().await });
         tokio::task::yield_now().await;
         drop(rx);

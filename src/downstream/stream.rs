@@ -185,8 +185,9 @@ where
     C: StreamCore + Send + 'static,
     C::Request: XdsRequest + RequestShape + prost::Message + Default + Send + 'static,
 {
-    // One response in flight per stream: the rest stays as pending state in the state machine, so
-    // a slow reader never accumulates outdated responses.
+    // One large response in flight per stream (or a few small ones that leave together): the
+    // rest stays as pending state in the state machine, so a slow reader never accumulates
+    // outdated responses.
     let (tx, rx) = slot::slot();
     tokio::spawn(drive::<H, C>(host, Box::new(inbound), tx, fixed_type, peer));
     rx
@@ -384,8 +385,9 @@ where
         // Since when a response is due but the transport has not taken the previous one.
         let mut blocked_since: Option<tokio::time::Instant> = None;
         loop {
-            // Write whenever a response may be due and the transport took the previous one; the
-            // select below waits only when the slot is still full.
+            // Write whenever a response may be due and the slot has room (the transport took the
+            // previous frame, or only small ones wait); the select below waits only when it has
+            // none.
             if dirty {
                 match tx.is_free() {
                     Ok(true) => {
