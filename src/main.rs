@@ -80,7 +80,7 @@ async fn main() -> ExitCode {
     init_tracing(config.log_format);
     // Each client costs a descriptor: use all the hard limit allows.
     adsrelay::process::raise_fd_limit(config.limits.max_connections, config.limits.fd_reserve);
-    let xds = match TcpListener::bind(config.listen).await {
+    let xds = match adsrelay::accept::bind_xds(config.listen) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("adsrelay: listen {}: {e}", config.listen);

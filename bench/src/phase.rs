@@ -471,6 +471,7 @@ pub async fn run(
     let mut ctrl_txs = Vec::with_capacity(n as usize);
     let mut clients = JoinSet::new();
     let mut milestones = Vec::new();
+    let overflows_before = procfs::listen_overflows();
     let connect_start = Instant::now();
     let mut bar = progress.bar(u64::from(n), &format!("{} sync", target.name()));
     let mut started = 0;
@@ -549,6 +550,9 @@ pub async fn run(
     // What the join cost the clients, before stuck clients and churn add to it.
     let join_responses = ctx.responses.load(Ordering::Relaxed);
     let join_requests = ctx.requests.load(Ordering::Relaxed);
+    let join_syn_drops = overflows_before
+        .zip(procfs::listen_overflows())
+        .map(|(before, after)| after.saturating_sub(before));
     // Stuck clients: held open (never read) until the phase ends. Not against the floor: it
     // queues without bound for a client that does not read.
     let floor = target == Target::Baseline(Baseline::Floor);
@@ -758,6 +762,7 @@ pub async fn run(
         requests: ctx.requests.load(Ordering::Relaxed),
         join_responses,
         join_requests,
+        join_syn_drops,
         resources_received: ctx.resources_received.load(Ordering::Relaxed),
         errors: ctx.errors.load(Ordering::Relaxed),
         last_error: crate::sync::lock(&ctx.last_error).clone(),

@@ -41,6 +41,19 @@ pub fn sample(pid: u32) -> Option<ProcSample> {
     })
 }
 
+/// Connections the kernel dropped so far because a listener's accept queue was full
+/// (`TcpExt ListenOverflows` in /proc/net/netstat, for the whole machine); each costs its client a
+/// SYN retransmission a second or more later. `None` off Linux.
+pub fn listen_overflows() -> Option<u64> {
+    let netstat = std::fs::read_to_string("/proc/net/netstat").ok()?;
+    let mut tcp_ext = netstat.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (tcp_ext.next()?, tcp_ext.next()?);
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "ListenOverflows")?;
+    values.split_whitespace().nth(at)?.parse().ok()
+}
+
 pub fn sample_self() -> ProcSample {
     sample(std::process::id()).unwrap_or_default()
 }
@@ -102,5 +115,11 @@ mod tests {
         let s = super::sample_self();
         assert!(s.rss_kb > 0);
         assert!(s.cpu_s >= 0.0);
+        if cfg!(target_os = "linux") {
+            assert!(
+                super::listen_overflows().is_some(),
+                "/proc/net/netstat has TcpExt ListenOverflows"
+            );
+        }
     }
 }

@@ -67,6 +67,9 @@ pub struct PhaseReport {
     /// Responses and requests when every client had synced (the join's cost).
     pub join_responses: u64,
     pub join_requests: u64,
+    /// Connections dropped machine-wide during the join because an accept queue was full (their
+    /// clients retry a second or more later); `None` off Linux.
+    pub join_syn_drops: Option<u64>,
     pub resources_received: u64,
     pub errors: u64,
     pub last_error: Option<String>,
@@ -232,7 +235,7 @@ pub fn ratios(phases: &[PhaseReport]) -> Ratios {
 /// One row of the side-by-side table: a figure per target, formatted; None where not measured.
 type Row = (&'static str, fn(&PhaseReport) -> Option<f64>, usize);
 
-const SIDE_BY_SIDE: [Row; 10] = [
+const SIDE_BY_SIDE: [Row; 11] = [
     (
         "RSS per client after join, KiB",
         |p| p.server.as_ref().map(|s| s.rss_per_client_kb),
@@ -256,6 +259,11 @@ const SIDE_BY_SIDE: [Row; 10] = [
     (
         "server CPU per joining client, us",
         |p| p.server.as_ref().map(|s| s.cpu_per_joining_client_us),
+        0,
+    ),
+    (
+        "SYNs dropped in the join (queue full)",
+        |p| p.join_syn_drops.map(|d| d as f64),
         0,
     ),
     (
@@ -290,7 +298,7 @@ pub fn side_by_side(r: &RunReport) -> String {
     let mut s = String::new();
     let others: Vec<&PhaseReport> = r.phases.iter().filter(|p| p.target != "relay").collect();
     let relay = r.phases.iter().find(|p| p.target == "relay");
-    let _ = write!(s, "{:<36}", "figure");
+    let _ = write!(s, "{:<38}", "figure");
     for p in &r.phases {
         let _ = write!(s, " {:>9}", p.target);
     }
@@ -301,7 +309,7 @@ pub fn side_by_side(r: &RunReport) -> String {
     }
     s.push('\n');
     for (label, get, digits) in SIDE_BY_SIDE {
-        let _ = write!(s, "{label:<36}");
+        let _ = write!(s, "{label:<38}");
         for p in &r.phases {
             match get(p) {
                 Some(v) => {
@@ -315,7 +323,8 @@ pub fn side_by_side(r: &RunReport) -> String {
         if let Some(relay) = relay {
             for o in others.iter().filter(|o| o.target != "demo") {
                 match (get(relay), get(o)) {
-                    (Some(a), Some(b)) if b > 0.0 => {
+                    // A count of dropped SYNs is read as it is, not as a ratio.
+                    (Some(a), Some(b)) if b > 0.0 && !label.starts_with("SYNs") => {
                         let _ = write!(s, " {:>12}", format!("x{:.2}", a / b));
                     }
                     _ => {

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::net::TcpListener;
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use adsrelay::demo::ControlPlane;
@@ -151,7 +150,10 @@ enum Served {
 
 /// The child side: serves `which` on a free loopback port and follows the parent's commands.
 pub async fn serve(which: Baseline, workload: Workload) -> ExitCode {
-    let listener = match TcpListener::bind("127.0.0.1:0").await {
+    // The relay's accept queue (the kernel's longest, as a Go control plane gets by default), so a
+    // join compares serving, not SYNs dropped by tokio's default queue of 1,024 and retried a
+    // second later.
+    let listener = match adsrelay::accept::bind_xds(([127, 0, 0, 1], 0).into()) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("loadgen --serve: bind: {e}");
