@@ -240,7 +240,11 @@ impl StreamHost for Relay {
         let applied = write(&group.state).apply_effects(id, effects, Instant::now());
         self.metrics
             .cache_lookups(&effects.type_url, applied.cache_hits, applied.cache_misses);
-        group.upstream_wake.notify_one();
+        // A storm's thousands of resubscriptions to names others hold change nothing upstream:
+        // only a first reference or a last release wakes the upstream task (and its write lock).
+        if applied.interest_changed {
+            group.upstream_wake.notify_one();
+        }
         applied.seq
     }
 
@@ -261,8 +265,9 @@ impl StreamHost for Relay {
     fn close(&self, group: Arc<Group>, id: StreamId, held: Vec<(Name, Locator)>) {
         self.clients.remove(&id);
         group.detach(id);
-        write(&group.state).remove_stream(id, &held, Instant::now());
-        group.upstream_wake.notify_one();
+        if write(&group.state).remove_stream(id, &held, Instant::now()) {
+            group.upstream_wake.notify_one();
+        }
     }
 
     fn next_stream_id(&self) -> StreamId {

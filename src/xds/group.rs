@@ -49,12 +49,14 @@ pub struct GroupState {
 /// What [`GroupState::apply_effects`] did: the store's sequence number when the subscriptions took
 /// effect (so the stream can tell later deliveries from what was already there), and how many new
 /// subscriptions the cache could answer at once (present, known absent, or a synced wildcard) and
-/// how many wait for the upstream.
+/// how many wait for the upstream; and whether the upstream subscription may have to change (a
+/// first reference or a last release), the only case the upstream task needs waking for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Applied {
     pub seq: u64,
     pub cache_hits: u64,
     pub cache_misses: u64,
+    pub interest_changed: bool,
 }
 
 /// What a group's state counts, read at scrape time (metrics are never counted twice).
@@ -219,16 +221,25 @@ impl GroupState {
                 touched.push(l.name.clone());
             }
         }
+        let interest_changed = !touched.is_empty();
         self.settle(type_url, touched);
         Applied {
             seq: self.store.seq(),
             cache_hits,
             cache_misses,
+            interest_changed,
         }
     }
 
-    /// A stream ended: release everything it held (F9).
-    pub fn remove_stream(&mut self, stream: StreamId, held: &[(Name, Locator)], now: Instant) {
+    /// A stream ended: release everything it held (F9). Returns whether that was the last
+    /// reference to anything (the upstream subscription may have to change).
+    pub fn remove_stream(
+        &mut self,
+        stream: StreamId,
+        held: &[(Name, Locator)],
+        now: Instant,
+    ) -> bool {
+        let mut interest_changed = false;
         // `held` comes grouped by type: one index lookup per type, not per locator.
         for run in held.chunk_by(|a, b| a.0 == b.0) {
             let type_url = &*run[0].0;
@@ -243,8 +254,10 @@ impl GroupState {
                     touched.push(l.name.clone());
                 }
             }
+            interest_changed |= !touched.is_empty();
             self.settle(type_url, touched);
         }
+        interest_changed
     }
 
     /// Seeds one type from a warm-restart snapshot: its locators are held upstream as lingering
@@ -968,6 +981,46 @@ mod tests {
     }
 
     proptest! {
+        /// The relay wakes the upstream task only when a stream's subscriptions or its end report
+        /// an interest change; whatever the sequence, none that reported none left an upstream
+        /// subscription change waiting (it would never be sent).
+        #[test]
+        fn no_upstream_change_waits_unreported(
+            ops in proptest::collection::vec((0u64..3, 0usize..4, 0u8..3), 1..80),
+        ) {
+            let now = Instant::now();
+            let pool = ["a", "b", WILDCARD, "c"];
+            let mut g = GroupState::new(LINGER);
+            let mut held: [Vec<(Name, Locator)>; 3] = Default::default();
+            for (stream, name, what) in ops {
+                let l = Locator::plain(pool[name]);
+                let subs = &mut held[stream as usize];
+                let changed = match what {
+                    // A stream acquires a locator once, as its state machine reports it.
+                    0 if subs.iter().any(|(_, h)| *h == l) => continue,
+                    0 => {
+                        subs.push((crate::xds::names::intern(T), l.clone()));
+                        g.apply_effects(stream, &effects(&[pool[name]], &[]), now).interest_changed
+                    }
+                    1 => match subs.iter().position(|(_, h)| *h == l) {
+                        Some(i) => {
+                            subs.remove(i);
+                            g.apply_effects(stream, &effects(&[], &[pool[name]]), now)
+                                .interest_changed
+                        }
+                        None => continue,
+                    },
+                    _ => g.remove_stream(stream, &std::mem::take(subs), now),
+                };
+                let queued = upstream(&mut g);
+                prop_assert!(
+                    changed || (queued.0.is_empty() && queued.1.is_empty()),
+                    "stream {stream} op {what} on {}: nothing reported, {queued:?} queued",
+                    pool[name]
+                );
+            }
+        }
+
         /// Whatever the sequence: the set stays within its budget and holds no subscribed name;
         /// its byte count is the sum of what its entries keep; nothing is served for a name whose
         /// upstream subscription lapsed (D5); and once the queued changes went out, every
