@@ -232,64 +232,76 @@ pub fn ratios(phases: &[PhaseReport]) -> Ratios {
     }
 }
 
-/// One row of the side-by-side table: a figure per target, formatted; None where not measured.
-type Row = (&'static str, fn(&PhaseReport) -> Option<f64>, usize);
+/// One row of the side-by-side table: a figure per target, formatted; None where not measured;
+/// and whether relay/other ratios of it mean anything (not for counts such as dropped SYNs).
+type Row = (&'static str, fn(&PhaseReport) -> Option<f64>, usize, bool);
 
 const SIDE_BY_SIDE: [Row; 11] = [
     (
         "RSS per client after join, KiB",
         |p| p.server.as_ref().map(|s| s.rss_per_client_kb),
         1,
+        true,
     ),
     (
         "update p99 to all subscribers, ms",
         |p| (p.latency.count > 0).then_some(p.latency.p99_ms),
         1,
+        true,
     ),
     (
         "server CPU per client-update, us",
         |p| p.server.as_ref().map(|s| s.cpu_per_delivery_us),
         1,
+        true,
     ),
     (
         "cold join, time to last client, s",
         |p| Some(p.connect_wall_s),
         2,
+        true,
     ),
     (
         "server CPU per joining client, us",
         |p| p.server.as_ref().map(|s| s.cpu_per_joining_client_us),
         0,
+        true,
     ),
     (
         "SYNs dropped in the join (queue full)",
         |p| p.join_syn_drops.map(|d| d as f64),
         0,
+        false,
     ),
     (
         "responses per joining client",
         |p| Some(p.join_responses as f64 / f64::from(p.clients.max(1))),
         1,
+        true,
     ),
     (
         "requests per joining client",
         |p| Some(p.join_requests as f64 / f64::from(p.clients.max(1))),
         1,
+        true,
     ),
     (
         "reconnect storm, all resynced, ms",
         |p| p.storm.as_ref().map(|s| s.wall_ms),
         0,
+        true,
     ),
     (
         "server CPU per reconnecting client, us",
         |p| p.storm.as_ref().and_then(|s| s.server_cpu_per_client_us),
         0,
+        true,
     ),
     (
         "loadgen CPU per reconnecting client, us",
         |p| p.storm.as_ref().map(|s| s.loadgen_cpu_per_client_us),
         0,
+        true,
     ),
 ];
 
@@ -308,7 +320,7 @@ pub fn side_by_side(r: &RunReport) -> String {
         }
     }
     s.push('\n');
-    for (label, get, digits) in SIDE_BY_SIDE {
+    for (label, get, digits, ratio) in SIDE_BY_SIDE {
         let _ = write!(s, "{label:<38}");
         for p in &r.phases {
             match get(p) {
@@ -323,8 +335,7 @@ pub fn side_by_side(r: &RunReport) -> String {
         if let Some(relay) = relay {
             for o in others.iter().filter(|o| o.target != "demo") {
                 match (get(relay), get(o)) {
-                    // A count of dropped SYNs is read as it is, not as a ratio.
-                    (Some(a), Some(b)) if b > 0.0 && !label.starts_with("SYNs") => {
+                    (Some(a), Some(b)) if ratio && b > 0.0 => {
                         let _ = write!(s, " {:>12}", format!("x{:.2}", a / b));
                     }
                     _ => {

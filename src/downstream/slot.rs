@@ -53,6 +53,28 @@ impl State {
     fn has_room(&self) -> bool {
         self.status.is_none() && self.queued_bytes < BATCH_BYTES
     }
+
+    /// The oldest frame, joined with those after it while together they fit [`BATCH_BYTES`]. A
+    /// frame alone (the common case, and any large one) is returned as it is, without a copy.
+    fn take_frames(&mut self) -> Option<Bytes> {
+        let first = self.frames.pop_front()?;
+        self.queued_bytes -= first.len();
+        let fits =
+            |len: usize, next: Option<&Bytes>| next.is_some_and(|n| len + n.len() <= BATCH_BYTES);
+        if !fits(first.len(), self.frames.front()) {
+            return Some(first);
+        }
+        let mut joined = BytesMut::with_capacity(BATCH_BYTES.min(first.len() + self.queued_bytes));
+        joined.extend_from_slice(&first);
+        while fits(joined.len(), self.frames.front()) {
+            let Some(next) = self.frames.pop_front() else {
+                break;
+            };
+            self.queued_bytes -= next.len();
+            joined.extend_from_slice(&next);
+        }
+        Some(joined.freeze())
+    }
 }
 
 /// A new slot: the stream task's end and the body's end.
@@ -146,8 +168,8 @@ impl Receiver {
     pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Item>> {
         let (item, waker) = {
             let mut state = lock(&self.0);
-            let item = match state.frames.pop_front() {
-                Some(first) => Ok(join_small(first, &mut state.frames)),
+            let item = match state.take_frames() {
+                Some(frames) => Ok(frames),
                 None => match state.status.take() {
                     Some(status) => Err(status),
                     None if state.sender_gone => return Poll::Ready(None),
@@ -163,7 +185,6 @@ impl Receiver {
                     }
                 },
             };
-            state.queued_bytes = state.frames.iter().map(Bytes::len).sum();
             (item, state.sender.take())
         };
         if let Some(w) = waker {
@@ -171,26 +192,6 @@ impl Receiver {
         }
         Poll::Ready(Some(item))
     }
-}
-
-/// `first` and the frames after it that fit with it in [`BATCH_BYTES`], as one chunk. A frame
-/// alone (the common case, and any large one) is returned as it is, without a copy.
-fn join_small(first: Bytes, rest: &mut VecDeque<Bytes>) -> Bytes {
-    let fits =
-        |len: usize, next: Option<&Bytes>| next.is_some_and(|n| len + n.len() <= BATCH_BYTES);
-    if !fits(first.len(), rest.front()) {
-        return first;
-    }
-    let mut joined = BytesMut::with_capacity(
-        BATCH_BYTES.min(first.len() + rest.iter().map(Bytes::len).sum::<usize>()),
-    );
-    joined.extend_from_slice(&first);
-    while fits(joined.len(), rest.front()) {
-        if let Some(next) = rest.pop_front() {
-            joined.extend_from_slice(&next);
-        }
-    }
-    joined.freeze()
 }
 
 impl Drop for Receiver {
