@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of the protocol core (fuzz/, cargo-fuzz + libFuzzer): builds every target
-# once, then runs each for a bounded time. Fails on any crash, assertion, leak, timeout or OOM and
-# prints the reproducer's path; prints each target's executions.
+# once, then runs each. Fails on any crash, assertion, leak, timeout or OOM and prints the
+# reproducer's path; prints each target's executions.
 #
-#   scripts/fuzz.sh [SECONDS_PER_TARGET]     default 20 (CI); run longer by hand, e.g. 600
+#   scripts/fuzz.sh --gate                   CI's gate: deterministic (see below)
+#   scripts/fuzz.sh SECONDS_PER_TARGET       open-ended exploration, e.g. 600
 #   FUZZ_TARGETS="constraints delta_requests" scripts/fuzz.sh 60    a subset
 #   scripts/fuzz.sh --seeds                  regenerate fuzz/corpus/<target>/seed-* (then commit)
+#
+# The gate replays every committed seed and past crash, then makes a fixed number of mutations
+# (FUZZ_GATE_RUNS, default 20000) from a fixed seed, starting from the committed inputs only: the same
+# commit gets the same verdict on every machine, and a gate run cannot fail for a bug a change did not
+# bring. Exploration is time-bounded, uses (and grows) the local corpus in fuzz/target/corpus, and
+# explores differently on each run unless FUZZ_SEED is set; what it finds goes to fuzz/regressions/.
 #
 # Toolchain: nightly when installed, else stable with RUSTC_BOOTSTRAP=1 (cargo-fuzz needs -Z flags).
 # FUZZ_SANITIZER (default address; "none" is faster) is passed to cargo fuzz -s.
@@ -44,26 +51,45 @@ if [[ ${1:-} == --seeds ]]; then
     "target/$triple/release/write_seeds" corpus
     exit 0
 fi
-secs=${1:-20}
-if ! [[ $secs =~ ^[0-9]+$ ]] || ((secs == 0)); then
-    echo "usage: scripts/fuzz.sh [SECONDS_PER_TARGET | --seeds]" >&2
-    exit 2
+gate=false
+if [[ ${1:-} == --gate ]]; then
+    gate=true
+    runs=${FUZZ_GATE_RUNS:-20000}
+else
+    secs=${1:-}
+    if ! [[ $secs =~ ^[0-9]+$ ]] || ((secs == 0)); then
+        echo "usage: scripts/fuzz.sh --gate | SECONDS_PER_TARGET | --seeds" >&2
+        exit 2
+    fi
 fi
 
 failed=()
 for t in "${targets[@]}"; do
-    work="target/corpus/$t"
-    mkdir -p "$work" "artifacts/$t"
-    corpora=("$work" "corpus/$t")
-    [[ -d regressions/$t ]] && corpora+=("regressions/$t")
+    mkdir -p "artifacts/$t"
+    committed=("corpus/$t")
+    [[ -d regressions/$t ]] && committed+=("regressions/$t")
     log="target/fuzz-$t.log"
-    echo "== $t: ${secs}s"
     status=0
-    seed=()
-    [[ -n ${FUZZ_SEED:-} ]] && seed=(-seed="$FUZZ_SEED")
-    cargo "${toolchain[@]}" fuzz run -s "$sanitizer" "$t" "${corpora[@]}" -- \
-        -max_total_time="$secs" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 "${seed[@]}" \
-        >"$log" 2>&1 || status=$?
+    if $gate; then
+        # A fresh, empty directory first: libFuzzer writes what it finds there, and the local
+        # corpus of earlier explorations is left out so every machine starts from the same inputs.
+        work="target/gate-corpus/$t"
+        rm -rf "$work"
+        mkdir -p "$work"
+        echo "== $t: committed inputs, then $runs runs from seed 1"
+        cargo "${toolchain[@]}" fuzz run -s "$sanitizer" "$t" "$work" "${committed[@]}" -- \
+            -runs="$runs" -seed=1 -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
+            >"$log" 2>&1 || status=$?
+    else
+        work="target/corpus/$t"
+        mkdir -p "$work"
+        seed=()
+        [[ -n ${FUZZ_SEED:-} ]] && seed=(-seed="$FUZZ_SEED")
+        echo "== $t: ${secs}s"
+        cargo "${toolchain[@]}" fuzz run -s "$sanitizer" "$t" "$work" "${committed[@]}" -- \
+            -max_total_time="$secs" -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 "${seed[@]}" \
+            >"$log" 2>&1 || status=$?
+    fi
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
     echo "   $t: ${execs:-?} executions, exit status $status"
     if ((status != 0)); then
@@ -79,4 +105,8 @@ if ((${#failed[@]})); then
     echo "FUZZING FAILED: ${failed[*]} (logs: fuzz/target/fuzz-<target>.log)"
     exit 1
 fi
-echo "== fuzzing passed: ${targets[*]} (${secs}s each)"
+if $gate; then
+    echo "== fuzzing gate passed: ${targets[*]} (committed inputs + $runs runs each from seed 1)"
+else
+    echo "== fuzzing passed: ${targets[*]} (${secs}s each)"
+fi

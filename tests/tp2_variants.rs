@@ -755,3 +755,80 @@ fn e09_locator_with_the_default_parameters_does_not_take_over_what_the_wildcard_
     let variant_removals: Vec<_> = out.iter().flat_map(|r| &r.removed_resource_names).collect();
     assert!(variant_removals.is_empty(), "{variant_removals:?}");
 }
+
+/// E16: a variant removal names only a variant the client holds, and a client that rejected a
+/// removal still holds the variant. Here a locator subscriber receives `c{env=prod}`, rejects the
+/// response that removes it (so it keeps it, A23), and subscribes to it again (A7): it must be told
+/// of the removal again, by the variant's constraints. A subscriber whose variant never reached it
+/// is told the name does not exist by name (`removed_resources`), never with constraints it was
+/// never sent.
+#[test]
+fn e16_variant_removal_names_only_a_variant_the_client_holds_including_one_kept_by_a_nack() {
+    use adsrelay::pb::rpc::Status;
+    use adsrelay::xds::{ChangeSet, DeltaStream, Store};
+    let changed = |name: &str| ChangeSet {
+        type_url: EDS.into(),
+        names: vec![name.into()],
+        ..Default::default()
+    };
+    let answer = |nonce: &str, nack: bool| DeltaDiscoveryRequest {
+        type_url: EDS.into(),
+        response_nonce: nonce.into(),
+        error_detail: nack.then(|| Status {
+            code: 3,
+            message: "rejected".into(),
+            details: vec![],
+        }),
+        ..Default::default()
+    };
+    let mut s = DeltaStream::new();
+    s.on_request(&subscribe_locators(vec![locator("c", "prod")]))
+        .unwrap();
+    let store = Store::complete(vec![variant("c", "prod", "1")]);
+    let first = drain(&mut s, &store);
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].resources.len(), 1);
+    s.on_request(&answer(&first[0].nonce, false)).unwrap();
+
+    // The upstream removes the variant; the client rejects that response and keeps c{env=prod}.
+    let store = Store::complete(vec![]);
+    s.on_change(&changed("c"));
+    let removal = drain(&mut s, &store);
+    assert_eq!(removal.len(), 1);
+    assert_eq!(removal[0].removed_resource_names.len(), 1);
+    assert!(removal[0].removed_resources.is_empty(), "{removal:?}");
+    s.on_request(&answer(&removal[0].nonce, true)).unwrap();
+    // Not repeated by itself (A31) ...
+    s.on_change(&changed("c"));
+    assert!(drain(&mut s, &store).is_empty());
+    // ... but a re-subscription asks again, and the client still holds the variant.
+    s.on_request(&subscribe_locators(vec![locator("c", "prod")]))
+        .unwrap();
+    let again = drain(&mut s, &store);
+    let removed: Vec<_> = again
+        .iter()
+        .flat_map(|r| &r.removed_resource_names)
+        .collect();
+    assert_eq!(removed.len(), 1, "{again:?}");
+    assert_eq!(removed[0].name, "c");
+    assert_eq!(
+        removed[0].dynamic_parameter_constraints,
+        Some(env_is("prod"))
+    );
+    s.on_request(&answer(&again[0].nonce, false)).unwrap();
+
+    // A second locator subscriber of a name with no variant at all: told by name, no constraints.
+    let mut late = DeltaStream::new();
+    late.on_request(&subscribe_locators(vec![locator("d", "prod")]))
+        .unwrap();
+    let out = drain(&mut late, &store);
+    assert!(
+        out.iter().all(|r| r.removed_resource_names.is_empty()),
+        "constraints the client was never sent: {out:?}"
+    );
+    assert!(
+        out.iter()
+            .any(|r| r.removed_resources == vec!["d".to_string()]),
+        "the client is told d does not exist: {out:?}"
+    );
+}

@@ -8,7 +8,8 @@
 //! - every resource sent is in the store at that version and the client subscribed to it
 //!   (explicitly or by wildcard); no name is both added and removed in one response;
 //! - a removal names only something the client held or asked for (A6/A10/A12), a variant removal
-//!   only a variant it held; resource errors only subscribed names;
+//!   only a variant it holds (E16: including one it kept by rejecting the response that removed
+//!   it); resource errors only subscribed names;
 //! - nonces are unique;
 //! - after a final drain, every plain-name subscription whose resource the store holds was
 //!   delivered at the current version (fan-out reached the stream), unless another subscription of
@@ -197,6 +198,13 @@ fn run(data: &[u8]) {
     }
 }
 
+/// With `FUZZ_TRACE` set, prints each step, to read how a reproducer gets where it fails.
+fn trace(line: impl FnOnce() -> String) {
+    if std::env::var_os("FUZZ_TRACE").is_some() {
+        eprintln!("{}", line());
+    }
+}
+
 /// A request built from a few bytes over the fixed name and parameter pools, so subscriptions hit
 /// names the store holds.
 fn shaped_request(r: &mut Reader, model: &Model) -> DeltaDiscoveryRequest {
@@ -266,6 +274,7 @@ fn reply(type_url: &str, nonce: String, nack: bool) -> DeltaDiscoveryRequest {
 impl Harness {
     /// The adapter's request path (downstream/stream.rs handle_request), plus model checks.
     fn request(&mut self, req: DeltaDiscoveryRequest) -> Result<(), End> {
+        trace(|| format!("request {req:?}"));
         let effects = admit_request(&mut self.stream, &req, self.subscriptions, &self.limits)
             .ok_or(End::Refused)?;
         self.model_request(&req);
@@ -274,6 +283,12 @@ impl Harness {
             self.model
                 .answers
                 .answered(&req.type_url, &req.response_nonce, nacked);
+            if nacked {
+                // A client that rejects a response keeps what it held before it (A23), including
+                // what that response removed: the relay may remove it again later.
+                let holds = self.model.answers.client_holds(&req.type_url);
+                self.model.held.held.insert(req.type_url.clone(), holds);
+            }
         }
         let subs = self.stream.subscriptions();
         let expected: BTreeSet<(String, Locator)> = self
@@ -394,6 +409,18 @@ impl Harness {
     }
 
     fn check_response(&mut self, resp: &wire::DeltaDiscoveryResponse) {
+        trace(|| {
+            let names: Vec<_> = resp
+                .resources
+                .iter()
+                .map(|b| resource_identity(b))
+                .collect();
+            format!(
+                "response {} nonce {} resources {names:?} removed {:?} removed_variants {:?} errors {:?}",
+                resp.type_url, resp.nonce, resp.removed_resources, resp.removed_resource_names,
+                resp.resource_errors
+            )
+        });
         let t = resp.type_url.as_str();
         let store = self.group.store();
         let m = &mut self.model;
@@ -481,6 +508,7 @@ impl Harness {
     fn upstream(&mut self, b: u8) {
         self.version += 1;
         let (type_url, update) = upstream_change(b, self.version);
+        trace(|| format!("upstream {type_url} {update:?}"));
         if let Ok(changes) = self.group.apply_upstream(type_url, update) {
             if !changes.is_empty() && self.group.affected(&changes).contains(&STREAM) {
                 self.stream.on_change(&changes);
@@ -489,6 +517,7 @@ impl Harness {
     }
 
     fn expire(&mut self) {
+        trace(|| "expire".into());
         self.now += TTL_STEP;
         for (changes, affected) in self.group.expire(self.now) {
             if affected.contains(&STREAM) {

@@ -397,6 +397,19 @@ impl Answers {
         }
     }
 
+    /// What the client holds of type `t` now: what it accepted, then every response it has not
+    /// answered yet applied in order (a NACKed one was dropped from the queue and changes nothing).
+    pub fn client_holds(&self, t: &str) -> BTreeMap<String, BTreeMap<Form, String>> {
+        let mut view = HeldModel::default();
+        if let Some(held) = self.accepted.held.get(t) {
+            view.held.insert(t.to_string(), held.clone());
+        }
+        for (_, changes) in self.unanswered.get(t).into_iter().flatten() {
+            Self::apply(&mut view, t, changes.clone());
+        }
+        view.held.remove(t).unwrap_or_default()
+    }
+
     /// At the end every response still unanswered counts as applied (as the relay records it).
     pub fn settle_all(&mut self) {
         for (t, q) in std::mem::take(&mut self.unanswered) {

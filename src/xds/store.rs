@@ -1127,6 +1127,37 @@ mod tests {
         );
     }
 
+    /// E16, upstream side: the upstream removing a variant the relay never held (or already
+    /// removed) changes nothing and tells no one.
+    #[test]
+    fn removal_of_a_variant_never_held_changes_nothing() {
+        let mut s = Store::new();
+        s.apply_delta(T, vec![variant("foo", "p1", env_is("prod"))], vec![], false)
+            .unwrap();
+        let seq = s.seq();
+        let remove = |env: &str| UpstreamUpdate {
+            removed_variants: vec![ResourceName {
+                name: "foo".into(),
+                dynamic_parameter_constraints: Some(env_is(env)),
+            }],
+            ..Default::default()
+        };
+        let c = s.apply(T, remove("dev"), false).unwrap();
+        assert!(c.names.is_empty(), "{c:?}");
+        assert!(matches!(
+            s.lookup_for(T, "foo", &params("prod")),
+            Lookup::Present(_)
+        ));
+        let c = s.apply(T, remove("prod"), false).unwrap();
+        assert_eq!(c.names, vec![Name::from("foo")]);
+        let c = s.apply(T, remove("prod"), false).unwrap();
+        assert!(
+            c.names.is_empty(),
+            "a second removal of the same variant: {c:?}"
+        );
+        assert!(s.seq() > seq);
+    }
+
     fn aliased(name: &str, alias: &str) -> Bytes {
         Resource {
             name: name.into(),
