@@ -1,5 +1,5 @@
 //! Admin HTTP server (an axum router served by hyper over our own accept loop): /healthz, /readyz, /metrics, JSON debug endpoints (cache, clients,
-//! upstreams, config) and the run-time log level (POST). See README "Operations".
+//! upstreams, config) and the run-time log level (POST). See docs/metrics.md.
 
 use std::collections::HashMap;
 use std::future::Future;

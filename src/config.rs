@@ -68,7 +68,7 @@ pub struct DemoArgs {
     pub log_format: LogFormat,
 }
 
-/// Every default, in one place (the flags' help and README "Configuration" quote them).
+/// Every default, in one place (the flags' help and docs/configure.md quote them).
 pub mod defaults {
     use super::*;
 
@@ -111,7 +111,7 @@ pub struct Config {
     pub admin: SocketAddr,
     pub node_id: String,
     pub unsubscribe_linger: Duration,
-    /// Byte budget of each group's unsubscribed set (README "Limits and hardening").
+    /// Byte budget of each group's unsubscribed set (docs/configure.md "Limits and hardening").
     pub unsubscribed_cache_bytes: usize,
     pub max_message_bytes: usize,
     pub log_format: LogFormat,
@@ -123,10 +123,10 @@ pub struct Config {
     pub limits: Limits,
     /// Every control-plane address, in failover order; the first is `upstream`.
     pub upstreams: Vec<http::Uri>,
-    /// Aggregation groups (README "Groups and resilience").
+    /// Aggregation groups (docs/configure.md "Aggregation groups").
     pub grouping: GroupingConfig,
     pub resilience: Resilience,
-    /// Warm restart from a cache snapshot (README "Warm restart"); `None` = off.
+    /// Warm restart from a cache snapshot (docs/deploy.md "Warm restart"); `None` = off.
     pub snapshot: Option<SnapshotConfig>,
     /// Downstream TLS (None: plaintext), its certificates loaded and reloadable.
     pub tls: Option<std::sync::Arc<crate::tls::ServerTls>>,
@@ -186,7 +186,7 @@ impl Default for Resilience {
     }
 }
 
-/// Downstream limits ("Limits and hardening" in README). Exceeding one ends only the offending
+/// Downstream limits ("Limits and hardening" in docs/configure.md). Exceeding one ends only the offending
 /// stream (or closes the extra connection) and is counted.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Limits {

@@ -67,7 +67,7 @@ pub struct Group {
     /// Ignored fields already reported at warn level (later mismatches log at debug).
     mismatch_logged: Mutex<HashSet<&'static str>>,
     /// The group started from the cache snapshot, whose content was current at this time
-    /// (README "Warm restart").
+    /// (docs/deploy.md "Warm restart").
     pub seeded_as_of: Option<SystemTime>,
 }
 

@@ -92,7 +92,7 @@ pub async fn run(
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
         .max_concurrent_streams(Some(relay.config.limits.max_streams_per_connection));
-    // GOAWAY old connections so clients rebalance over replicas (README "Scaling").
+    // GOAWAY old connections so clients rebalance over replicas (docs/deploy.md "Scale out").
     if let Some(age) = relay.config.limits.connection_age_jittered() {
         server = server
             .max_connection_age(age)

@@ -88,7 +88,7 @@ pub mod name {
         "adsrelay_unsubscribed_cache_resubscriptions_total";
 }
 
-/// (name, HELP text). README's "Metrics" table mirrors this list.
+/// (name, HELP text). docs/metrics.md's table (tests/docs_checks.rs checks it) mirrors this list.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (name::BUILD_INFO, "Always 1; the version and revision (git commit) labels identify the build."),
     (

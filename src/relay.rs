@@ -111,7 +111,7 @@ impl Relay {
         self.metrics.render(s)
     }
 
-    /// The group for a downstream node (README "Groups and resilience"): the first matching
+    /// The group for a downstream node (docs/configure.md "Aggregation groups"): the first matching
     /// `[[groups]]` rule (or the implicit one) names it and renders the node presented upstream.
     /// Nodes share a group only if that upstream node is the same; a name already taken by a
     /// different identity gets a digest suffix. A node that matches no rule is refused

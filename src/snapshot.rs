@@ -1,4 +1,4 @@
-//! Warm restart (README "Warm restart"): the relay persists every group's cache and upstream
+//! Warm restart (docs/deploy.md "Warm restart"): the relay persists every group's cache and upstream
 //! interest to a local snapshot file, periodically and when a graceful shutdown starts, and loads
 //! it at startup. A group created after the restart whose name and upstream node match a group in
 //! the snapshot starts with its store filled, so clients are served before the upstream answers;

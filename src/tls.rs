@@ -1,4 +1,4 @@
-//! TLS for both sides of the relay (README "TLS and mTLS"), with rustls and the `ring` provider.
+//! TLS for both sides of the relay (docs/configure.md "TLS and mTLS"), with rustls and the `ring` provider.
 //!
 //! - Downstream: a server certificate, optionally a client CA (then client certificates are
 //!   required and verified). The files are polled and reloaded on change; new connections use the

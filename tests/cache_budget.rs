@@ -1,5 +1,5 @@
-//! The unsubscribed set end to end (README "Limits and hardening"): resources no client wants any
-//! more stay cached and subscribed upstream within `unsubscribed_cache_bytes` per group; past the
+//! The unsubscribed set end to end (docs/sizing.md "Memory budget for unsubscribed resources"):
+//! resources no client wants any more stay cached and subscribed upstream within `unsubscribed_cache_bytes` per group; past the
 //! budget the least recently left ones are unsubscribed upstream and forgotten, so a client that
 //! comes back for one waits for the upstream (D5), while one still kept is served at once with no
 //! upstream traffic. Subscribed resources are never evicted, whatever their size.

@@ -1,4 +1,4 @@
-//! TLS and mTLS (README "TLS and mTLS"): a real Envoy over mTLS, clients without (or with a wrong)
+//! TLS and mTLS (docs/configure.md "TLS and mTLS"): a real Envoy over mTLS, clients without (or with a wrong)
 //! certificate refused, a rotated server certificate picked up without a restart, certificate
 //! identities mapped to the groups they may join, and upstream mTLS with server-name verification
 //! (a relay chained behind another relay serving mTLS). Certificates are minted per test (rcgen).

@@ -1,4 +1,4 @@
-//! Warm restart (README "Warm restart"): a relay persists its cache to a snapshot and, after a
+//! Warm restart (docs/deploy.md "Warm restart"): a relay persists its cache to a snapshot and, after a
 //! restart, serves clients from it before the upstream answers; a corrupt, foreign or too old
 //! snapshot is never served.
 

@@ -312,7 +312,7 @@ impl Merged {
         Ok(())
     }
 
-    /// Downstream and upstream TLS (README "TLS and mTLS"); tls.rs reads and checks the files.
+    /// Downstream and upstream TLS (docs/configure.md "TLS and mTLS"); tls.rs reads and checks the files.
     fn tls(&self, cfg: &mut Config) -> Result<(), ConfigError> {
         let s = &self.settings;
         // A file's error names the setting and where that setting came from.

@@ -5,6 +5,7 @@
 
 pub mod envoy;
 pub mod faults;
+pub mod gcp;
 pub mod scripted;
 
 use std::net::SocketAddr;
