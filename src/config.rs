@@ -96,6 +96,9 @@ pub mod defaults {
     pub const FD_RESERVE: u64 = 64;
     pub const MAX_NEW_STREAMS_PER_SECOND: f64 = 5000.0;
     pub const NEW_STREAMS_BURST: u32 = 10_000;
+    /// One full-state answer per group every 5 minutes: what the control plane spends on one Envoy
+    /// connecting, a bound on how long a removal the control plane never reported stays cached.
+    pub const RESYNC_INTERVAL: Duration = Duration::from_secs(300);
     pub const UPSTREAM_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
     pub const UPSTREAM_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
     pub const SNAPSHOT_INTERVAL: Duration = Duration::from_secs(30);
@@ -168,7 +171,7 @@ pub struct Resilience {
     /// New downstream streams admitted per second (token bucket); 0 disables the limit.
     pub max_new_streams_per_second: f64,
     pub new_streams_burst: u32,
-    /// Periodic reconciliation with the upstream; `None` = off.
+    /// Periodic reconciliation with the upstream (C18), jittered ±20 %; `None` = off.
     pub resync_interval: Option<Duration>,
     pub upstream_keepalive_interval: Duration,
     pub upstream_keepalive_timeout: Duration,
@@ -179,7 +182,7 @@ impl Default for Resilience {
         Resilience {
             max_new_streams_per_second: defaults::MAX_NEW_STREAMS_PER_SECOND,
             new_streams_burst: defaults::NEW_STREAMS_BURST,
-            resync_interval: None,
+            resync_interval: Some(defaults::RESYNC_INTERVAL),
             upstream_keepalive_interval: defaults::UPSTREAM_KEEPALIVE_INTERVAL,
             upstream_keepalive_timeout: defaults::UPSTREAM_KEEPALIVE_TIMEOUT,
         }

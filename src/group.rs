@@ -3,7 +3,7 @@
 //! The relay creates groups and starts their tasks (the upstream module); this module only holds
 //! what both sides share.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
@@ -16,6 +16,7 @@ use crate::downstream::Mailbox;
 use crate::grouping::{Assignment, IgnoredFields};
 use crate::pb::core::Node;
 use crate::sync::lock;
+use crate::xds::upstream_session::Repairs;
 use crate::xds::{ChangeSet, GroupState, StreamId};
 
 /// The upstream connection of one group, as operators see it on /readyz.
@@ -37,14 +38,30 @@ pub struct UpstreamStatus {
     pub upstream: Option<String>,
     /// Attempts moved to another control-plane address after a failure.
     pub failovers: u64,
-    /// Periodic resyncs done, and the resources they found different and repaired.
+    /// Periodic resyncs done, and the resources reconciliations found different and repaired.
     pub resyncs: u64,
     pub drift_repairs: u64,
     #[serde(serialize_with = "crate::rfc3339::option")]
     pub last_resync: Option<SystemTime>,
+    /// The last reconciliation (C18): a stream without versions whose wildcard answers were
+    /// compared with the cache; what it repaired per type.
+    pub last_reconciliation: Option<ReconciliationReport>,
+    /// Types the current stream subscribed when it opened that the upstream has not answered
+    /// after the wait (`UNANSWERED_WAIT`); the group serves its cache for them meanwhile.
+    pub unanswered_types: Vec<String>,
     /// When the upstream stream was lost (None while connected).
     #[serde(serialize_with = "crate::rfc3339::option")]
     pub disconnected_since: Option<SystemTime>,
+}
+
+/// What one reconciliation repaired, as /debug/upstreams shows it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ReconciliationReport {
+    #[serde(serialize_with = "crate::rfc3339::option")]
+    pub finished_at: Option<SystemTime>,
+    /// Every wildcard type got its full-state answer (false: the wait ended first).
+    pub complete: bool,
+    pub repairs: BTreeMap<String, Repairs>,
 }
 
 /// One aggregation group: the downstream clients of one upstream identity.

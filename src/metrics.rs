@@ -74,6 +74,7 @@ pub mod name {
     pub const UPSTREAM_RESYNCS: &str = "adsrelay_upstream_resyncs_total";
     pub const UPSTREAM_FAILOVERS: &str = "adsrelay_upstream_failovers_total";
     pub const UPSTREAM_WILDCARD_UNANSWERED: &str = "adsrelay_upstream_wildcard_unanswered_total";
+    pub const UPSTREAM_UNANSWERED_TYPES: &str = "adsrelay_upstream_unanswered_types";
     pub const RUNTIME_ALIVE_TASKS: &str = "adsrelay_runtime_alive_tasks";
     pub const SNAPSHOT_LOADED_RESOURCES: &str = "adsrelay_snapshot_loaded_resources";
     pub const SNAPSHOT_AGE: &str = "adsrelay_snapshot_age_seconds";
@@ -190,6 +191,10 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         name::UPSTREAM_FAILOVERS,
         "Upstream connection attempts moved to another control-plane address after a failure, by group.",
+    ),
+    (
+        name::UPSTREAM_UNANSWERED_TYPES,
+        "Types the current upstream stream subscribed when it opened and the control plane has not answered 15s later (0 once it answers them), by group.",
     ),
     (
         name::UPSTREAM_WILDCARD_UNANSWERED,
@@ -345,6 +350,8 @@ pub struct GroupScrape {
     pub drift_repairs: u64,
     pub resyncs: u64,
     pub failovers: u64,
+    /// Types the current upstream stream left unanswered past the wait.
+    pub unanswered_types: usize,
     /// The control-plane address the group uses (or tries) now.
     pub upstream: String,
 }
@@ -688,7 +695,7 @@ impl Metrics {
                 .filter_map(|g| Some((vec![("group", g.group.clone())], value(g)?)))
                 .collect()
         };
-        let families: [(&'static str, &GroupValue); 20] = [
+        let families: [(&'static str, &GroupValue); 21] = [
             (name::UPSTREAM_CONNECTED, &|g| {
                 Some(f64::from(u8::from(g.connected)))
             }),
@@ -729,6 +736,9 @@ impl Metrics {
             (name::UPSTREAM_FAILOVERS, &|g| Some(g.failovers as f64)),
             (name::UPSTREAM_WILDCARD_UNANSWERED, &|g| {
                 Some(g.stats.wildcards_unanswered as f64)
+            }),
+            (name::UPSTREAM_UNANSWERED_TYPES, &|g| {
+                Some(g.unanswered_types as f64)
             }),
             (name::UNSUBSCRIBED_CACHE_BUDGET, &|g| {
                 Some(g.stats.unsubscribed.budget as f64)

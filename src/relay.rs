@@ -105,6 +105,7 @@ impl Relay {
                 drift_repairs: status.drift_repairs,
                 resyncs: status.resyncs,
                 failovers: status.failovers,
+                unanswered_types: status.unanswered_types.len(),
                 upstream: status.upstream.unwrap_or_default(),
             });
         }

@@ -15,11 +15,12 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::backoff::Backoff;
 use crate::config::Config;
-use crate::group::Group;
+use crate::group::{Group, ReconciliationReport};
 use crate::pb::discovery::DeltaDiscoveryRequest;
 use crate::pb::relay_ads::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::pb::wire::DeltaDiscoveryResponse;
 use crate::sync::{lock, read, write};
+use crate::xds::upstream_session::{Reconciliation, Repairs};
 use crate::xds::{UpstreamSession, Verdict};
 
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +33,7 @@ enum SessionError {
     Closed,
     #[error("protocol violation: {0}")]
     Protocol(String),
-    #[error("periodic resync")]
+    #[error("resync")]
     Resync,
 }
 
@@ -86,9 +87,22 @@ pub fn endpoint_for(config: &Config, uri: &http::Uri) -> Endpoint {
     }
 }
 
-/// How long after a resync's stream opens its first response per type counts as the
-/// reconciliation answer (drift) rather than a new update.
-const RESYNC_WINDOW: Duration = Duration::from_secs(10);
+/// How long a stream waits for the upstream to answer every type it subscribed when it opened.
+/// A type still unanswered then no longer holds readiness back, and a wildcard type is served from
+/// the cache (a server may answer a wildcard type only once it has a resource of it, as
+/// java-control-plane's Delta server does). Envoy's own `initial_fetch_timeout` defaults to 15 s.
+pub const UNANSWERED_WAIT: Duration = Duration::from_secs(15);
+
+/// After a lost stream is resumed (with versions), the reconciliation that follows it: soon, so a
+/// control plane that restarted and does not report what it removed meanwhile (java-control-plane)
+/// is caught within seconds, not a whole resync interval.
+pub const RECONCILE_AFTER_RESUME: Duration = Duration::from_secs(5);
+
+/// The resync interval with ±20 % jitter, so the groups of a fleet of relays started together do
+/// not all reconcile with the control plane at the same moment.
+fn jittered(interval: Duration) -> Duration {
+    interval.mul_f64(rand::random_range(0.8..1.2))
+}
 
 /// What the next session does, and what the last one achieved.
 struct Attempt {
@@ -96,8 +110,12 @@ struct Attempt {
     target: usize,
     /// Send `initial_resource_versions` (false after switching servers, C6).
     send_versions: bool,
-    /// This session is a periodic resync: count what it changes as drift.
-    resync: bool,
+    /// This session reconciles (C18): no versions, each wildcard type's first answer is the
+    /// server's whole state and is compared with the cache.
+    reconcile: bool,
+    /// The previous stream was lost after it had answered: this one resumes, and a
+    /// reconciliation follows it soon.
+    resumed: bool,
     /// Set once the session received a response.
     answered: bool,
 }
@@ -150,7 +168,8 @@ pub async fn run(
         let mut attempt = Attempt {
             target: 0,
             send_versions: true,
-            resync: false,
+            reconcile: false,
+            resumed: false,
             answered: false,
         };
         loop {
@@ -167,19 +186,21 @@ pub async fn run(
             if attempt.answered {
                 last_answered = Some(attempt.target);
             }
-            attempt.resync = false;
+            attempt.reconcile = false;
+            attempt.resumed = false;
             let error = match ended {
                 Ok(()) => return,
                 Err(SessionError::Resync) => {
-                    info!("periodic resync: re-establishing the upstream stream to reconcile the cache");
+                    info!("resync: re-establishing the upstream stream without versions to reconcile the cache");
                     let mut status = lock(&group.status);
                     status.resyncs += 1;
                     status.last_resync = Some(SystemTime::now());
-                    attempt.resync = true;
+                    attempt.reconcile = true;
                     continue;
                 }
                 Err(e) => e.to_string(),
             };
+            attempt.resumed = attempt.answered;
             let failed_over = !attempt.answered && config.upstreams.len() > 1;
             if failed_over {
                 attempt.target = (attempt.target + 1) % config.upstreams.len();
@@ -224,14 +245,18 @@ async fn one_stream(
         .max_encoding_message_size(config.max_message_bytes);
     let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(1024);
 
-    // C4: one request per type with everything still wanted and the versions held for it.
-    let initial = protocol.initial_requests(&mut write(&group.state), attempt.send_versions);
-    // A resync counts the first response per type (within the window) as the reconciliation.
-    let mut resync_types: std::collections::HashSet<String> = if attempt.resync {
-        initial.iter().map(|r| r.type_url.clone()).collect()
+    // C4: one request per type with everything still wanted and the versions held for it. A
+    // stream without versions (a resync, or another server, C6) is a reconciliation (C18).
+    let (initial, mut reconciliation) = if attempt.reconcile || !attempt.send_versions {
+        let (requests, r) = protocol.reconciling_requests(&mut write(&group.state));
+        (requests, Some(r))
     } else {
-        Default::default()
+        let requests = protocol.initial_requests(&mut write(&group.state), true);
+        (requests, None)
     };
+    // Types the server has yet to answer on this stream (readiness waits for them, boundedly).
+    let mut unanswered: std::collections::BTreeSet<String> =
+        initial.iter().map(|r| r.type_url.clone()).collect();
     for req in initial {
         info!(type_url = %req.type_url, names = req.resource_names_subscribe.len(),
             initial_versions = req.initial_resource_versions.len(), "subscribing upstream");
@@ -249,13 +274,20 @@ async fn one_stream(
         status.streams_opened += 1;
         status.last_error = None;
         status.disconnected_since = None;
+        status.unanswered_types.clear();
     }
-    info!(upstream = %target, initial_versions = attempt.send_versions, "upstream stream open");
-    let opened = Instant::now();
-    let resync_at = config
-        .resilience
-        .resync_interval
-        .map(|d| tokio::time::Instant::now() + d);
+    info!(upstream = %target, initial_versions = attempt.send_versions && !attempt.reconcile,
+        reconcile = reconciliation.is_some(), "upstream stream open");
+    let mut wait_ends = Some(tokio::time::Instant::now() + UNANSWERED_WAIT);
+    // The next reconciliation: soon after a resume, else one (jittered) resync interval away.
+    let resync_at = config.resilience.resync_interval.map(|d| {
+        let wait = if attempt.resumed {
+            RECONCILE_AFTER_RESUME.min(d)
+        } else {
+            jittered(d)
+        };
+        tokio::time::Instant::now() + wait
+    });
 
     loop {
         tokio::select! {
@@ -264,14 +296,21 @@ async fn one_stream(
                 backoff.reset();
                 attempt.answered = true;
                 reached.store(true, Ordering::Relaxed);
-                let counts_as_drift = resync_types.remove(&resp.type_url)
-                    && opened.elapsed() < RESYNC_WINDOW;
-                let (reply, changed) = on_response(group, protocol, resp)?;
-                if counts_as_drift && changed > 0 {
-                    info!(repaired = changed, "resync found drift between the cache and the control plane; repaired");
-                    lock(&group.status).drift_repairs += changed as u64;
+                if unanswered.remove(&resp.type_url) {
+                    lock(&group.status).unanswered_types.retain(|t| *t != resp.type_url);
+                }
+                let reply = on_response(group, protocol, resp, reconciliation.as_mut())?;
+                if let Some(r) = reconciliation.take_if(|r| !r.is_awaiting()) {
+                    report_reconciliation(group, r);
                 }
                 send(&tx, reply).await?;
+            }
+            () = sleep_until_opt(wait_ends) => {
+                wait_ends = None;
+                stop_waiting(group, &unanswered);
+                if let Some(r) = reconciliation.take() {
+                    report_reconciliation(group, r);
+                }
             }
             () = sleep_until_opt(resync_at) => return Err(SessionError::Resync),
             () = group.upstream_wake.notified() => {
@@ -285,6 +324,48 @@ async fn one_stream(
             }
         }
     }
+}
+
+/// The wait for the stream's first answers ended with `unanswered` types still silent: they stop
+/// holding readiness back, and wildcard subscribers of them are served from the cache.
+fn stop_waiting(group: &Group, unanswered: &std::collections::BTreeSet<String>) {
+    {
+        let mut status = lock(&group.status);
+        status.synced_once = true;
+        status.unanswered_types = unanswered.iter().cloned().collect();
+    }
+    if unanswered.is_empty() {
+        return;
+    }
+    warn!(types = ?unanswered, wait = ?UNANSWERED_WAIT,
+        "the upstream left types unanswered; serving the cache for them (a server may not answer a wildcard type it has no resource of)");
+    for type_url in unanswered {
+        let served = write(&group.state).stop_waiting_for(type_url);
+        if let Some((changes, affected)) = served {
+            group.publish(changes, affected);
+        }
+    }
+}
+
+/// Logs and records what a reconciliation repaired, once every type answered or the wait ended.
+fn report_reconciliation(group: &Group, r: Reconciliation) {
+    let complete = r.is_complete();
+    let repaired: u64 = r.repairs.values().map(Repairs::total).sum();
+    for (type_url, rep) in r.repairs.iter().filter(|(_, rep)| rep.total() > 0) {
+        info!(%type_url, added = rep.added, changed = rep.changed, removed = rep.removed,
+            "reconciliation found the cache different from the control plane; repaired");
+    }
+    if !complete {
+        warn!("reconciliation incomplete: a wildcard type got no answer on the reconciling stream");
+    }
+    debug!(repaired, complete, "reconciliation done");
+    let mut status = lock(&group.status);
+    status.drift_repairs += repaired;
+    status.last_reconciliation = Some(ReconciliationReport {
+        finished_at: Some(SystemTime::now()),
+        complete,
+        repairs: r.repairs,
+    });
 }
 
 async fn send(
@@ -324,11 +405,15 @@ fn on_response(
     group: &Group,
     protocol: &UpstreamSession,
     resp: DeltaDiscoveryResponse,
-) -> Result<(DeltaDiscoveryRequest, usize), SessionError> {
+    reconciliation: Option<&mut Reconciliation>,
+) -> Result<DeltaDiscoveryRequest, SessionError> {
     let (type_url, nonce) = (resp.type_url.clone(), resp.nonce.clone());
-    let outcome = protocol
-        .on_response(&mut write(&group.state), resp, Instant::now())
-        .map_err(|e| SessionError::Protocol(e.to_string()))?;
+    let now = Instant::now();
+    let outcome = match reconciliation {
+        Some(r) => protocol.on_reconciling_response(&mut write(&group.state), resp, now, r),
+        None => protocol.on_response(&mut write(&group.state), resp, now),
+    }
+    .map_err(|e| SessionError::Protocol(e.to_string()))?;
     if outcome.interest_changed {
         group.upstream_wake.notify_one();
     }
@@ -341,26 +426,22 @@ fn on_response(
             status.nacks_sent += 1;
         }
     }
-    let changed = match outcome.verdict {
+    match outcome.verdict {
         Verdict::Applied { changes, affected } => {
             debug!(%type_url, %nonce, changed = changes.names.len(), "upstream update");
-            let changed = changes.names.len();
             if !changes.is_empty() {
                 group.publish(changes, affected);
             }
-            changed
         }
         Verdict::NotSubscribed => {
             warn!(%type_url, "ignoring upstream response for a type the relay did not subscribe to");
-            0
         }
         Verdict::Rejected { message } => {
             warn!(%type_url, %nonce, error = %message,
                 "rejecting upstream response (NACK); keeping the last good state");
-            0
         }
-    };
-    Ok((outcome.reply, changed))
+    }
+    Ok(outcome.reply)
 }
 
 /// Connects to the control plane once (retrying with backoff) so /readyz can tell a relay that has

@@ -832,3 +832,33 @@ fn e16_variant_removal_names_only_a_variant_the_client_holds_including_one_kept_
         "the client is told d does not exist: {out:?}"
     );
 }
+
+/// A20 for variant removals: two locators of one name whose parameter sets select the same variant
+/// hold it under one wire identity, so its removal is listed once (found by fuzzing, issue 32).
+#[test]
+fn a20_e16_a_variant_two_locators_selected_is_removed_once() {
+    use adsrelay::xds::{ChangeSet, DeltaStream, Store};
+    let mut s = DeltaStream::new();
+    let zone = ResourceLocator {
+        name: "c".into(),
+        dynamic_parameters: HashMap::from([
+            ("env".to_string(), "prod".to_string()),
+            ("zone".to_string(), "z1".to_string()),
+        ]),
+    };
+    s.on_request(&subscribe_locators(vec![locator("c", "prod"), zone]))
+        .unwrap();
+    let store = Store::complete(vec![variant("c", "prod", "1")]);
+    let first = drain(&mut s, &store);
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].resources.len(), 1, "sent once (A20)");
+    let store = Store::complete(vec![]);
+    s.on_change(&ChangeSet {
+        type_url: EDS.into(),
+        names: vec!["c".into()],
+        ..Default::default()
+    });
+    let out = drain(&mut s, &store);
+    let removed: Vec<_> = out.iter().flat_map(|r| &r.removed_resource_names).collect();
+    assert_eq!(removed.len(), 1, "removed once: {out:?}");
+}

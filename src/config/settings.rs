@@ -195,7 +195,8 @@ settings! {
         /// New streams admitted in a burst above that rate [default: 10000]
         #[arg(long, value_name = "N", env = "ADSRELAY_NEW_STREAMS_BURST")]
         new_streams_burst: u32,
-        /// Periodic reconciliation with the upstream; 0s turns it off [default: 0s]
+        /// Periodic reconciliation with the upstream: a stream without versions whose full-state
+        /// answers are compared with the cache (jittered ±20 %); 0s turns it off [default: 5m]
         #[arg(long, value_name = "DURATION", env = "ADSRELAY_RESYNC_INTERVAL")]
         resync_interval: String,
         /// HTTP/2 keepalive ping interval on the upstream connection [default: 30s]

@@ -215,8 +215,14 @@ async fn drive<H, C>(
     C: StreamCore + Send + 'static,
     C::Request: XdsRequest + RequestShape + prost::Message + Default + Send + 'static,
 {
-    let Some((mut stream, first)) =
-        Box::pin(admit_stream::<H, C>(&host, &mut inbound, &tx, peer)).await
+    let Some((mut stream, first)) = Box::pin(admit_stream::<H, C>(
+        &host,
+        &mut inbound,
+        &tx,
+        peer,
+        fixed_type,
+    ))
+    .await
     else {
         return;
     };
@@ -258,6 +264,7 @@ async fn admit_stream<H, C>(
     inbound: &mut Inbound<C>,
     tx: &Outbox,
     peer: Option<Arc<PeerIdentity>>,
+    fixed_type: Option<&'static str>,
 ) -> Option<(Admitted<H, C>, Box<C::Request>)>
 where
     H: StreamHost,
@@ -317,6 +324,9 @@ where
     // The state machine is locked only by this task and, on demand, by introspection.
     let mut state_machine = C::for_node(&node, host.default_params(&node));
     state_machine.limit_response_bytes(stream_limits.max_response_bytes);
+    if fixed_type.is_some() {
+        state_machine.serve_single_type();
+    }
     let core = Arc::new(Mutex::new(state_machine));
     // The node moves into the registry entry: an Envoy's node (extensions, metadata) can be
     // kilobytes, and a copy kept by the task would be a second one per client.

@@ -122,6 +122,8 @@ pub trait StreamCore: Clone {
     fn has_work(&self) -> bool;
     /// Keep responses within the client's receive limit where the protocol allows splitting.
     fn limit_response_bytes(&mut self, _bytes: usize) {}
+    /// The stream is a per-type discovery service's, not ADS: it carries `type_url` only.
+    fn serve_single_type(&mut self) {}
     /// Every subscription the stream holds, released when it ends.
     fn subscriptions(&self) -> Vec<(Name, Locator)>;
     /// The group applied the latest subscriptions when its store was at `seq` (D2).

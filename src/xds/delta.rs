@@ -31,7 +31,9 @@ use super::store::{ChangeSet, Lookup, Store};
 use super::unacked::Unacked;
 use super::wildcard_state::DeltaWildcard;
 use super::xdstp;
-use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceError, ResourceName};
+use crate::pb::discovery::{
+    DeltaDiscoveryRequest, DynamicParameterConstraints, ResourceError, ResourceName,
+};
 use crate::pb::wire;
 
 /// What a client holds for one subscription. Kept small (16 bytes): a stream holds one per
@@ -335,6 +337,8 @@ pub struct DeltaStream {
     refetch: Vec<(String, Locator)>,
     /// The client's receive limit; 0 means [`DEFAULT_MAX_RESPONSE_BYTES`].
     pub(super) max_response_bytes: usize,
+    /// A per-type service's stream (no RDS beside its VHDS, A27).
+    single_type: bool,
 }
 
 /// B14: clusters before endpoints before listeners before routes, so a client never sees a
@@ -382,6 +386,21 @@ struct Builder {
 }
 
 impl Builder {
+    /// Removes the variant `name` with constraints `c`, once per response (A20): two locators of a
+    /// name whose parameter sets selected the same variant held it under one wire identity.
+    fn remove_variant(&mut self, name: &str, c: &DynamicParameterConstraints) {
+        let key = constraints::key(Some(c));
+        let dup = self.removed_variants.iter().any(|rn| {
+            rn.name == name && constraints::key(rn.dynamic_parameter_constraints.as_ref()) == key
+        });
+        if !dup {
+            self.removed_variants.push(ResourceName {
+                name: name.to_string(),
+                dynamic_parameter_constraints: Some(c.clone()),
+            });
+        }
+    }
+
     /// Adds `r` unless something with the same wire identity is already in. Returns whether the
     /// client will hold `r` under that identity (added now, or the same resource added before);
     /// `false` when two subscriptions of one name select different resources sent alike.
@@ -538,6 +557,7 @@ impl DeltaStream {
 
         let mut effects = RequestEffects::new(&req.type_url);
         let first = !self.types.contains_key(&req.type_url);
+        let single_type = self.single_type;
         let ts = self.types.or_default(&req.type_url);
         let (explicit_before, mut known_before) = (ts.explicit.len(), ts.known.len());
         // A29: a malformed xdstp name is not subscribed; the client gets a resource error naming
@@ -559,7 +579,7 @@ impl DeltaStream {
             // virtual hosts of the route configurations it subscribes to over RDS (named
             // `<route config>/...`), never every virtual host in the cache.
             if subscribe.is_empty() {
-                ts.scoped = type_rank(&req.type_url) == VHDS_RANK;
+                ts.scoped = type_rank(&req.type_url) == VHDS_RANK && !single_type;
                 Self::start_wildcard(ts, &mut effects);
             }
             // A11/A12/A14: the versions the client holds; they are not subscriptions. Nothing of
@@ -1228,10 +1248,7 @@ impl DeltaStream {
         let remove = |ts: &mut TypeState, out: &mut Builder| {
             let held = ts.unhold(l);
             match held.as_ref().and_then(Held::constraints) {
-                Some(c) if !by_name => out.removed_variants.push(ResourceName {
-                    name: l.name.to_string(),
-                    dynamic_parameter_constraints: Some(c.clone()),
-                }),
+                Some(c) if !by_name => out.remove_variant(&l.name, c),
                 _ => {
                     // A25: what was sent for an alias is removed under the name it was sent with.
                     let name = match &held {
@@ -1269,10 +1286,7 @@ impl DeltaStream {
                     // E14: a locator subscriber switching variants is told the old one is gone.
                     if let Some((key, Some(c))) = held.map(|h| (h.key(), h.constraints())) {
                         if !by_name && *key != r.key {
-                            out.removed_variants.push(ResourceName {
-                                name: l.name.to_string(),
-                                dynamic_parameter_constraints: Some(c.clone()),
-                            });
+                            out.remove_variant(&l.name, c);
                         }
                     }
                     if out.add(r, by_name) {
@@ -1442,6 +1456,9 @@ impl StreamCore for DeltaStream {
     }
     fn limit_response_bytes(&mut self, bytes: usize) {
         self.max_response_bytes = bytes;
+    }
+    fn serve_single_type(&mut self) {
+        self.single_type = true;
     }
     fn subscriptions(&self) -> Vec<(Name, Locator)> {
         DeltaStream::subscriptions(self)

@@ -485,6 +485,19 @@ impl GroupState {
     /// Ends expired lingers (dropping what the store holds for names no longer subscribed
     /// upstream), unanswered wildcard waits and expired TTLs; returns the change sets the wildcard
     /// waits and TTL expiries caused, with the streams they affect.
+    /// The upstream stream left `type_url` unanswered past the wait: a wildcard type is served
+    /// from the cache (not authoritative for removals until a real answer), as a mid-stream
+    /// `"*"` is (D9). Returns what to tell whom.
+    pub fn stop_waiting_for(&mut self, type_url: &str) -> Option<(ChangeSet, HashSet<StreamId>)> {
+        if !self.interest.is_wildcard(type_url) {
+            return None;
+        }
+        let changes = self.store.serve_unanswered_wildcard(type_url)?;
+        self.interest.wildcards_unanswered += 1;
+        let affected = self.affected(&changes);
+        Some((changes, affected))
+    }
+
     pub fn expire(&mut self, now: Instant) -> Vec<(ChangeSet, HashSet<StreamId>)> {
         let mut lapsed: HashMap<String, Vec<Name>> = HashMap::new();
         for (type_url, l) in self.interest.expire(now) {

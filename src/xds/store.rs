@@ -157,6 +157,10 @@ pub struct UpstreamUpdate {
     pub errors: Vec<ResourceErrorProto>,
     /// When the response arrived: TTLs count from here. `None` disables TTL tracking.
     pub received_at: Option<Instant>,
+    /// The response carries the server's whole state of the type (a reconciliation's wildcard
+    /// answer on a stream opened without versions): cached names it does not carry are removed.
+    /// Names with constrained variants are left alone (a wildcard answer need not list them).
+    pub full_state: bool,
 }
 
 #[derive(Debug, Default)]
@@ -414,6 +418,14 @@ impl Store {
             .flat_map(|e| e.variants.values())
     }
 
+    /// Whether the store holds a variant of `name`.
+    pub fn holds_name(&self, type_url: &str, name: &str) -> bool {
+        self.types
+            .get(type_url)
+            .and_then(|t| t.names.get(name))
+            .is_some_and(|e| !e.variants.is_empty())
+    }
+
     /// Lookups that matched several variants equally well (TP2 E7).
     pub fn ambiguous_matches(&self) -> u64 {
         self.ambiguous_matches.load(Ordering::Relaxed)
@@ -449,6 +461,23 @@ impl Store {
 
     /// Applies one upstream Delta response atomically: either everything or, on error, nothing.
     /// Variant replacements in one response are therefore seen together (E12).
+    /// Cached names of `type_url` (unconstrained variants only) that a full-state response
+    /// carrying `sent` does not list.
+    fn absent_from(&self, type_url: &str, sent: &HashSet<(Name, ConstraintKey)>) -> Vec<String> {
+        let sent: HashSet<&Name> = sent.iter().map(|(n, _)| n).collect();
+        self.types
+            .get(type_url)
+            .into_iter()
+            .flat_map(|ts| ts.names.iter())
+            .filter(|(n, e)| {
+                !e.variants.is_empty()
+                    && e.variants.keys().all(ConstraintKey::is_unconstrained)
+                    && !sent.contains(n)
+            })
+            .map(|(n, _)| n.to_string())
+            .collect()
+    }
+
     pub fn apply(
         &mut self,
         type_url: &str,
@@ -512,6 +541,10 @@ impl Store {
         }
 
         // Validated: from here on the response is applied in full.
+        if update.full_state {
+            let absent = self.absent_from(type_url, &seen);
+            update.removed.extend(absent);
+        }
         self.seq += 1;
         let seq = self.seq;
         let ts = self.types.entry(type_url.to_string()).or_default();

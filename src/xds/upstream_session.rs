@@ -4,13 +4,13 @@
 //! (`upstream.rs`) only connects, sends what this returns, feeds back what it receives and backs
 //! off; tests and the fuzz target drive these functions directly.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Instant;
 
 use bytes::Bytes;
 
 use super::group::{GroupState, StreamId};
-use super::resource::Locator;
+use super::resource::{Locator, Name};
 use super::store::{ChangeSet, UpstreamUpdate};
 use crate::pb::core::Node;
 use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceLocator};
@@ -55,6 +55,50 @@ pub struct ResponseOutcome {
     /// The response changed the interest (kept names evicted over the cache budget): send
     /// [`UpstreamSession::interest_requests`] now rather than at the next wake-up.
     pub interest_changed: bool,
+}
+
+/// A reconciliation (C18): a stream opened without `initial_resource_versions`, so the server's
+/// first answer of each wildcard type is its whole current state of that type. That answer is
+/// compared with the cache: unchanged resources change nothing, cached names it does not carry
+/// are removed. Named subscriptions prove less: a server answers the names it has, and one that
+/// ignores versions still resends them, but a name it does not mention may just not be answered
+/// (go-control-plane never answers a name it lacks), so only an explicit removal or NOT_FOUND
+/// removes one.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Reconciliation {
+    /// Types whose first answer on the stream has not arrived yet: what it repairs is counted.
+    awaiting: BTreeSet<String>,
+    /// The wildcard ones among them: their first answer is the server's whole state.
+    full_state: BTreeSet<String>,
+    /// What the answers repaired, per type.
+    pub repairs: BTreeMap<String, Repairs>,
+}
+
+/// What a reconciliation found different from the cache in one type, and repaired.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Repairs {
+    pub added: u64,
+    pub changed: u64,
+    pub removed: u64,
+}
+
+impl Repairs {
+    pub fn total(&self) -> u64 {
+        self.added + self.changed + self.removed
+    }
+}
+
+impl Reconciliation {
+    /// Whether a type the stream subscribed still waits for its first answer.
+    pub fn is_awaiting(&self) -> bool {
+        !self.awaiting.is_empty()
+    }
+
+    /// Whether every wildcard type got its full-state answer (a server need not answer a named
+    /// type it has nothing of, so those do not count).
+    pub fn is_complete(&self) -> bool {
+        self.full_state.is_empty()
+    }
 }
 
 /// One group's upstream protocol: the node it presents (D1) and the rules above.
@@ -102,12 +146,55 @@ impl UpstreamSession {
             .collect()
     }
 
+    /// A reconciliation's first requests: everything wanted, no versions (C18), so the server
+    /// sends its whole state of each wildcard type.
+    pub fn reconciling_requests(
+        &self,
+        state: &mut GroupState,
+    ) -> (Vec<DeltaDiscoveryRequest>, Reconciliation) {
+        let requests = self.initial_requests(state, false);
+        let awaiting: BTreeSet<String> = requests.iter().map(|r| r.type_url.clone()).collect();
+        let full_state = awaiting
+            .iter()
+            .filter(|t| state.interest.is_wildcard(t))
+            .cloned()
+            .collect();
+        let reconciliation = Reconciliation {
+            awaiting,
+            full_state,
+            repairs: BTreeMap::new(),
+        };
+        (requests, reconciliation)
+    }
+
     /// Applies one response to the group's state and returns the ACK or NACK for it.
     pub fn on_response(
         &self,
         state: &mut GroupState,
         resp: DeltaDiscoveryResponse,
         now: Instant,
+    ) -> Result<ResponseOutcome, ProtocolViolation> {
+        self.answer(state, resp, now, None)
+    }
+
+    /// [`Self::on_response`] on a reconciliation's stream: a wildcard type's first answer is the
+    /// server's whole state of it; what it repaired is added to `reconciliation`.
+    pub fn on_reconciling_response(
+        &self,
+        state: &mut GroupState,
+        resp: DeltaDiscoveryResponse,
+        now: Instant,
+        reconciliation: &mut Reconciliation,
+    ) -> Result<ResponseOutcome, ProtocolViolation> {
+        self.answer(state, resp, now, Some(reconciliation))
+    }
+
+    fn answer(
+        &self,
+        state: &mut GroupState,
+        resp: DeltaDiscoveryResponse,
+        now: Instant,
+        reconciliation: Option<&mut Reconciliation>,
     ) -> Result<ResponseOutcome, ProtocolViolation> {
         if resp.nonce.is_empty() {
             return Err(ProtocolViolation::NoNonce(resp.type_url));
@@ -126,10 +213,36 @@ impl UpstreamSession {
             });
         }
         let type_url = resp.type_url.clone();
-        let update = upstream_update(resp, now);
+        let mut update = upstream_update(resp, now);
+        // A reconciliation's full-state answer: what the cache held before, to tell repairs apart.
+        let mut first_answer = None;
+        if let Some(r) = reconciliation {
+            if r.awaiting.remove(&type_url) {
+                update.full_state =
+                    r.full_state.remove(&type_url) && state.interest.is_wildcard(&type_url);
+                let held: HashSet<Name> = state
+                    .store
+                    .resources(&type_url)
+                    .map(|c| c.name.clone())
+                    .collect();
+                first_answer = Some((r, held));
+            }
+        }
         let evicted = state.unsubscribed.evicted_budget;
         let verdict = match state.apply_upstream(&type_url, update) {
             Ok(mut changes) => {
+                if let Some((r, held)) = first_answer {
+                    let repairs = r.repairs.entry(type_url.clone()).or_default();
+                    for n in &changes.names {
+                        let present = state.store.holds_name(&type_url, n);
+                        match (held.contains(n), present) {
+                            (true, true) => repairs.changed += 1,
+                            (true, false) => repairs.removed += 1,
+                            (false, true) => repairs.added += 1,
+                            (false, false) => {}
+                        }
+                    }
+                }
                 changes.received_at = Some(now);
                 let affected = state.affected(&changes);
                 Verdict::Applied { changes, affected }
@@ -206,6 +319,7 @@ pub fn upstream_update(resp: DeltaDiscoveryResponse, received_at: Instant) -> Up
         removed_variants: resp.removed_resource_names,
         errors,
         received_at: Some(received_at),
+        full_state: false,
     }
 }
 
@@ -360,5 +474,122 @@ mod tests {
         assert_eq!(with[0].node.as_ref().map(|n| n.id.as_str()), Some("relay"));
         let without = session().initial_requests(&mut state, false);
         assert!(without[0].initial_resource_versions.is_empty());
+    }
+
+    fn cluster(name: &str, version: &str) -> Bytes {
+        use prost::Message;
+        crate::pb::discovery::Resource {
+            name: name.into(),
+            version: version.into(),
+            resource: Some(prost_types::Any {
+                type_url: CDS.into(),
+                value: format!("{name}@{version}").into_bytes(),
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    fn response(nonce: &str, resources: Vec<Bytes>) -> DeltaDiscoveryResponse {
+        DeltaDiscoveryResponse {
+            type_url: CDS.into(),
+            nonce: nonce.into(),
+            resources,
+            ..Default::default()
+        }
+    }
+
+    fn changed_names(out: &ResponseOutcome) -> Vec<String> {
+        let Verdict::Applied { changes, .. } = &out.verdict else {
+            panic!("not applied: {:?}", out.verdict);
+        };
+        let mut names: Vec<String> = changes.names.iter().map(|n| n.to_string()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn c18_a_reconciliation_removes_what_the_full_state_lacks_and_tells_only_real_changes() {
+        let (s, now) = (session(), Instant::now());
+        let mut state = subscribed(&["*"]);
+        let first = vec![cluster("a", "1"), cluster("b", "1"), cluster("c", "1")];
+        s.on_response(&mut state, response("n1", first), now)
+            .unwrap();
+        let (requests, mut rec) = s.reconciling_requests(&mut state);
+        assert!(requests[0].initial_resource_versions.is_empty());
+        assert!(rec.is_awaiting());
+        // The server's whole state: a unchanged, b changed, d new, c gone with no removal sent.
+        let full = vec![cluster("a", "1"), cluster("b", "2"), cluster("d", "1")];
+        let out = s
+            .on_reconciling_response(&mut state, response("n2", full), now, &mut rec)
+            .unwrap();
+        assert_eq!(changed_names(&out), ["b", "c", "d"], "a is not resent");
+        assert!(!state.store.holds_name(CDS, "c"));
+        assert!(!rec.is_awaiting());
+        assert_eq!(
+            rec.repairs[CDS],
+            Repairs {
+                added: 1,
+                changed: 1,
+                removed: 1
+            }
+        );
+        // Later responses on the stream are ordinary deltas: what they omit stays.
+        let out = s
+            .on_reconciling_response(
+                &mut state,
+                response("n3", vec![cluster("e", "1")]),
+                now,
+                &mut rec,
+            )
+            .unwrap();
+        assert_eq!(changed_names(&out), ["e"]);
+        assert!(state.store.holds_name(CDS, "a"));
+    }
+
+    #[test]
+    fn c18_a_named_subscription_loses_only_what_the_server_says_is_gone() {
+        let (s, now) = (session(), Instant::now());
+        let mut state = subscribed(&["a", "b"]);
+        s.on_response(
+            &mut state,
+            response("n1", vec![cluster("a", "1"), cluster("b", "1")]),
+            now,
+        )
+        .unwrap();
+        let (_, mut rec) = s.reconciling_requests(&mut state);
+        assert!(
+            rec.is_complete(),
+            "no wildcard type: nothing is a full state"
+        );
+        let out = s
+            .on_reconciling_response(
+                &mut state,
+                response("n2", vec![cluster("a", "1")]),
+                now,
+                &mut rec,
+            )
+            .unwrap();
+        assert!(changed_names(&out).is_empty());
+        assert!(
+            state.store.holds_name(CDS, "b"),
+            "silence about a name proves nothing"
+        );
+    }
+
+    #[test]
+    fn c18_a_rejected_full_state_removes_nothing() {
+        let (s, now) = (session(), Instant::now());
+        let mut state = subscribed(&["*"]);
+        s.on_response(&mut state, response("n1", vec![cluster("a", "1")]), now)
+            .unwrap();
+        let (_, mut rec) = s.reconciling_requests(&mut state);
+        let garbage = response("n2", vec![vec![0xff; 4].into()]);
+        let out = s
+            .on_reconciling_response(&mut state, garbage, now, &mut rec)
+            .unwrap();
+        assert!(matches!(out.verdict, Verdict::Rejected { .. }));
+        assert!(state.store.holds_name(CDS, "a"));
     }
 }
