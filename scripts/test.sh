@@ -24,11 +24,13 @@ fi
 promtool --version >/dev/null || { echo "promtool from Debian's prometheus package does not run" >&2; exit 1; }
 
 # The real peers built from pinned sources (Go module proxy, Maven Central): go-control-plane v0.14.0
-# as an upstream, go-control-plane's own integration-test program, gRPC-Go and gRPC-Java xDS clients.
+# as an upstream, go-control-plane's own integration-test program, gRPC-Go and gRPC-Java xDS
+# clients, java-control-plane 1.0.49 as an upstream.
 command -v go >/dev/null || { echo "Go (>= 1.26) is needed for the interop tests" >&2; exit 1; }
 scripts/setup-go-interop.sh
 scripts/setup-gcp-integration.sh
 scripts/setup-grpc-clients.sh
+scripts/setup-java-interop.sh
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -263,10 +263,12 @@ async fn one_stream(
         let _ = tx.try_send(req);
     }
 
-    let mut inbound = client
-        .delta_aggregated_resources(ReceiverStream::new(rx))
-        .await?
-        .into_inner();
+    // The call resolves when the server sends its response headers, which a server may hold back
+    // until its first response (gRPC-Java's servers do: java-control-plane). Meanwhile the stream
+    // is open for requests: interest changes go out and the wait for answers runs.
+    let call = client.delta_aggregated_resources(ReceiverStream::new(rx));
+    tokio::pin!(call);
+    let mut inbound: Option<tonic::Streaming<DeltaDiscoveryResponse>> = None;
     {
         let mut status = lock(&group.status);
         status.connected = true;
@@ -291,7 +293,10 @@ async fn one_stream(
 
     loop {
         tokio::select! {
-            msg = inbound.message() => {
+            headers = &mut call, if inbound.is_none() => {
+                inbound = Some(headers?.into_inner());
+            }
+            msg = next_message(&mut inbound) => {
                 let resp = msg?.ok_or(SessionError::Closed)?;
                 backoff.reset();
                 attempt.answered = true;
@@ -366,6 +371,16 @@ fn report_reconciliation(group: &Group, r: Reconciliation) {
         complete,
         repairs: r.repairs,
     });
+}
+
+/// The stream's next message once its response headers arrived; until then, never.
+async fn next_message<T>(
+    inbound: &mut Option<tonic::Streaming<T>>,
+) -> Result<Option<T>, tonic::Status> {
+    match inbound {
+        Some(s) => s.message().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn send(

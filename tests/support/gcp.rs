@@ -8,7 +8,12 @@
 //! ([`GoControlPlane::events`]): `listening`, `stream_open`, `stream_closed`, `request`,
 //! `response`, `applied`, `error`. Events accumulate across [`GoControlPlane::restart`]s; each
 //! process's events begin with its `listening` event (stream ids restart at 1 in each process).
+//!
+//! The process and event plumbing ([`ControlPlaneProcess`]) is generic over the server
+//! ([`ServerKind`]): tests/support/jcp.rs runs java-control-plane through the same protocol, with
+//! the same state and resource helpers.
 
+use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -41,13 +46,39 @@ pub fn server_binary() -> PathBuf {
     path
 }
 
+/// A control-plane server that speaks the test protocol: flags `--listen ADDR --node-id ID
+/// --state FILE`; stdin commands `set FILE` and `quit`; JSON events on stdout, one a line.
+pub trait ServerKind {
+    /// The server's name in messages ("go-control-plane").
+    const NAME: &'static str;
+    /// The prefix of its scratch directory's name.
+    const DIR_PREFIX: &'static str;
+    /// The command that runs it, before the protocol's flags; panics saying how to build it if it
+    /// is missing.
+    fn command() -> Command;
+}
+
+/// go-control-plane: target/interop/gcp-server.
+pub struct Go;
+
+impl ServerKind for Go {
+    const NAME: &'static str = "go-control-plane";
+    const DIR_PREFIX: &'static str = "adsrelay-gcp-";
+    fn command() -> Command {
+        Command::new(server_binary())
+    }
+}
+
+pub type GoControlPlane = ControlPlaneProcess<Go>;
+
 #[derive(Default)]
 struct Events {
     lines: Mutex<Vec<Value>>,
     changed: Notify,
 }
 
-pub struct GoControlPlane {
+/// A control-plane server process of kind `K`, restartable on the same port.
+pub struct ControlPlaneProcess<K: ServerKind> {
     pub addr: SocketAddr,
     node_id: String,
     dir: PathBuf,
@@ -56,14 +87,15 @@ pub struct GoControlPlane {
     child: Option<Child>,
     stdin: Option<ChildStdin>,
     events: Arc<Events>,
+    kind: PhantomData<K>,
 }
 
-impl GoControlPlane {
-    /// Starts target/interop/gcp-server (panics with a clear message naming
-    /// scripts/setup-go-interop.sh if missing) on a free port, node id `node_id`, with `state`.
-    pub async fn start(node_id: &str, state: &Value) -> GoControlPlane {
+impl<K: ServerKind> ControlPlaneProcess<K> {
+    /// Starts the server (for go-control-plane target/interop/gcp-server; panics with a clear
+    /// message naming its setup script if missing) on a free port, node id `node_id`, with `state`.
+    pub async fn start(node_id: &str, state: &Value) -> Self {
         let dir = tempfile::Builder::new()
-            .prefix("adsrelay-gcp-")
+            .prefix(K::DIR_PREFIX)
             .tempdir()
             .unwrap()
             .keep();
@@ -74,7 +106,7 @@ impl GoControlPlane {
             .local_addr()
             .unwrap()
             .port();
-        let mut gcp = GoControlPlane {
+        let mut cp = ControlPlaneProcess {
             addr: ([127, 0, 0, 1], port).into(),
             node_id: node_id.to_string(),
             dir,
@@ -83,13 +115,14 @@ impl GoControlPlane {
             child: None,
             stdin: None,
             events: Arc::default(),
+            kind: PhantomData,
         };
-        gcp.spawn().await;
-        gcp
+        cp.spawn().await;
+        cp
     }
 
     /// Replaces the state (the `set` command) and waits for "applied". While stopped, only
-    /// records it for the next [`GoControlPlane::restart`].
+    /// records it for the next [`ControlPlaneProcess::restart`].
     pub async fn set(&mut self, state: &Value) {
         self.sets += 1;
         let path = self.dir.join(format!("state-{}.json", self.sets));
@@ -102,14 +135,16 @@ impl GoControlPlane {
         stdin
             .write_all(format!("set {}\n", path.display()).as_bytes())
             .await
-            .expect("write to gcp-server stdin");
+            .unwrap_or_else(|e| panic!("write to {}'s stdin: {e}", K::NAME));
         stdin.flush().await.unwrap();
         let outcome = self
             .wait_event(seen, |e| e["event"] == "applied" || e["event"] == "error")
             .await;
         assert_eq!(
-            outcome["event"], "applied",
-            "go-control-plane rejected the state: {outcome}"
+            outcome["event"],
+            "applied",
+            "{} rejected the state: {outcome}",
+            K::NAME
         );
         self.state_path = path;
     }
@@ -139,7 +174,7 @@ impl GoControlPlane {
         std::fs::write(path, lines.join("\n") + "\n").unwrap();
     }
 
-    /// The server's stderr (go-control-plane's warnings and errors), for diagnostics.
+    /// The server's stderr (its warnings and errors), for diagnostics.
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
     }
@@ -155,7 +190,7 @@ impl GoControlPlane {
                 .append(true)
                 .open(self.dir.join("stderr.log"))
                 .unwrap();
-            let mut child = Command::new(server_binary())
+            let mut child = K::command()
                 .arg("--listen")
                 .arg(self.addr.to_string())
                 .arg("--node-id")
@@ -167,7 +202,7 @@ impl GoControlPlane {
                 .stderr(stderr)
                 .kill_on_drop(true)
                 .spawn()
-                .unwrap_or_else(|e| panic!("cannot start {}: {e}", server_binary().display()));
+                .unwrap_or_else(|e| panic!("cannot start {}: {e}", K::NAME));
             let stdout = child.stdout.take().unwrap();
             let events = self.events.clone();
             tokio::spawn(async move {
@@ -196,7 +231,8 @@ impl GoControlPlane {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 _ => panic!(
-                    "gcp-server did not start on {}:\n{}",
+                    "{} did not start on {}:\n{}",
+                    K::NAME,
                     self.addr,
                     self.stderr()
                 ),
@@ -236,7 +272,8 @@ impl GoControlPlane {
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "no expected event from go-control-plane:\n{}",
+                "no expected event from {}:\n{}",
+                K::NAME,
                 self.stderr()
             );
             let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
@@ -244,7 +281,7 @@ impl GoControlPlane {
     }
 }
 
-impl Drop for GoControlPlane {
+impl<K: ServerKind> Drop for ControlPlaneProcess<K> {
     /// The process dies with the test (kill_on_drop); a passing test's scratch files go.
     fn drop(&mut self) {
         if let Some(child) = self.child.as_mut() {
@@ -255,7 +292,8 @@ impl Drop for GoControlPlane {
             let events = events.join("\n");
             let _ = std::fs::write(self.dir.join("events.jsonl"), &events);
             eprintln!(
-                "go-control-plane's events and stderr are in {}",
+                "{}'s events and stderr are in {}",
+                K::NAME,
                 self.dir.display()
             );
         } else {
@@ -264,7 +302,7 @@ impl Drop for GoControlPlane {
     }
 }
 
-/// A state for [`GoControlPlane::start`] / [`GoControlPlane::set`].
+/// A state for [`ControlPlaneProcess::start`] / [`ControlPlaneProcess::set`].
 pub fn state(version: &str, resources: Vec<Value>) -> Value {
     json!({ "version": version, "resources": resources })
 }

@@ -6,6 +6,7 @@
 pub mod envoy;
 pub mod faults;
 pub mod gcp;
+pub mod jcp;
 pub mod scripted;
 
 use std::net::SocketAddr;
