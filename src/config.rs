@@ -137,6 +137,39 @@ pub struct Config {
     pub tls_authorization: crate::tls::Authorization,
     /// Upstream TLS settings for `https://` upstreams.
     pub upstream_tls: crate::tls::UpstreamTls,
+    /// The ADS flavour spoken to the control plane.
+    pub upstream_protocol: UpstreamProtocol,
+}
+
+/// `--upstream-protocol` / `upstream_protocol`: the ADS flavour the relay speaks upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamProtocol {
+    /// `DeltaAggregatedResources` (the default).
+    #[default]
+    Delta,
+    /// `StreamAggregatedResources`, for control planes without Delta.
+    Sotw,
+    /// Delta first; an upstream that answers UNIMPLEMENTED is spoken to in SotW until restart.
+    Auto,
+}
+
+impl UpstreamProtocol {
+    pub fn parse(v: &str) -> Result<Self, String> {
+        match v {
+            "delta" => Ok(Self::Delta),
+            "sotw" => Ok(Self::Sotw),
+            "auto" => Ok(Self::Auto),
+            _ => Err(format!("{v:?} is not one of delta, sotw, auto")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Delta => "delta",
+            Self::Sotw => "sotw",
+            Self::Auto => "auto",
+        }
+    }
 }
 
 /// Where the cache snapshot lives, how often it is written and how old it may be when loaded.
@@ -267,6 +300,7 @@ impl Config {
             tls: None,
             tls_authorization: Default::default(),
             upstream_tls: Default::default(),
+            upstream_protocol: UpstreamProtocol::Delta,
         }
     }
 }

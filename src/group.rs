@@ -36,6 +36,10 @@ pub struct UpstreamStatus {
     pub last_error: Option<String>,
     /// The control-plane address in use (or being tried).
     pub upstream: Option<String>,
+    /// The ADS flavour spoken to it: "delta" or "sotw".
+    pub upstream_protocol: &'static str,
+    /// Upstreams `upstream_protocol = "auto"` switched to SotW (they answered UNIMPLEMENTED).
+    pub protocol_switches: u64,
     /// Attempts moved to another control-plane address after a failure.
     pub failovers: u64,
     /// Periodic resyncs done, and the resources reconciliations found different and repaired.

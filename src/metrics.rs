@@ -75,6 +75,8 @@ pub mod name {
     pub const UPSTREAM_FAILOVERS: &str = "adsrelay_upstream_failovers_total";
     pub const UPSTREAM_WILDCARD_UNANSWERED: &str = "adsrelay_upstream_wildcard_unanswered_total";
     pub const UPSTREAM_UNANSWERED_TYPES: &str = "adsrelay_upstream_unanswered_types";
+    pub const UPSTREAM_SOTW: &str = "adsrelay_upstream_sotw";
+    pub const UPSTREAM_PROTOCOL_SWITCHES: &str = "adsrelay_upstream_protocol_switches_total";
     pub const RUNTIME_ALIVE_TASKS: &str = "adsrelay_runtime_alive_tasks";
     pub const SNAPSHOT_LOADED_RESOURCES: &str = "adsrelay_snapshot_loaded_resources";
     pub const SNAPSHOT_AGE: &str = "adsrelay_snapshot_age_seconds";
@@ -191,6 +193,14 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (
         name::UPSTREAM_FAILOVERS,
         "Upstream connection attempts moved to another control-plane address after a failure, by group.",
+    ),
+    (
+        name::UPSTREAM_SOTW,
+        "1 while the group's upstream stream speaks state-of-the-world ADS, 0 for Delta, by group.",
+    ),
+    (
+        name::UPSTREAM_PROTOCOL_SWITCHES,
+        "Upstreams that upstream_protocol = auto switched to state-of-the-world after they answered UNIMPLEMENTED for Delta ADS, by group.",
     ),
     (
         name::UPSTREAM_UNANSWERED_TYPES,
@@ -352,6 +362,9 @@ pub struct GroupScrape {
     pub failovers: u64,
     /// Types the current upstream stream left unanswered past the wait.
     pub unanswered_types: usize,
+    /// The upstream stream speaks state-of-the-world.
+    pub sotw: bool,
+    pub protocol_switches: u64,
     /// The control-plane address the group uses (or tries) now.
     pub upstream: String,
 }
@@ -695,7 +708,7 @@ impl Metrics {
                 .filter_map(|g| Some((vec![("group", g.group.clone())], value(g)?)))
                 .collect()
         };
-        let families: [(&'static str, &GroupValue); 21] = [
+        let families: [(&'static str, &GroupValue); 23] = [
             (name::UPSTREAM_CONNECTED, &|g| {
                 Some(f64::from(u8::from(g.connected)))
             }),
@@ -739,6 +752,10 @@ impl Metrics {
             }),
             (name::UPSTREAM_UNANSWERED_TYPES, &|g| {
                 Some(g.unanswered_types as f64)
+            }),
+            (name::UPSTREAM_SOTW, &|g| Some(f64::from(u8::from(g.sotw)))),
+            (name::UPSTREAM_PROTOCOL_SWITCHES, &|g| {
+                Some(g.protocol_switches as f64)
             }),
             (name::UNSUBSCRIBED_CACHE_BUDGET, &|g| {
                 Some(g.stats.unsubscribed.budget as f64)

@@ -106,6 +106,8 @@ impl Relay {
                 resyncs: status.resyncs,
                 failovers: status.failovers,
                 unanswered_types: status.unanswered_types.len(),
+                sotw: status.upstream_protocol == "sotw",
+                protocol_switches: status.protocol_switches,
                 upstream: status.upstream.unwrap_or_default(),
             });
         }

@@ -14,12 +14,13 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info, warn, Instrument};
 
 use crate::backoff::Backoff;
-use crate::config::Config;
+use crate::config::{Config, UpstreamProtocol};
 use crate::group::{Group, ReconciliationReport};
-use crate::pb::discovery::DeltaDiscoveryRequest;
+use crate::pb::discovery::{DeltaDiscoveryRequest, DiscoveryRequest};
 use crate::pb::relay_ads::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use crate::pb::wire::DeltaDiscoveryResponse;
+use crate::pb::wire::{DeltaDiscoveryResponse, DiscoveryResponse};
 use crate::sync::{lock, read, write};
+use crate::xds::sotw_upstream::SotwUpstream;
 use crate::xds::upstream_session::{Reconciliation, Repairs};
 use crate::xds::{UpstreamSession, Verdict};
 
@@ -104,6 +105,22 @@ fn jittered(interval: Duration) -> Duration {
     interval.mul_f64(rand::random_range(0.8..1.2))
 }
 
+/// The ADS flavour of one upstream stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    Delta,
+    Sotw,
+}
+
+impl Wire {
+    fn as_str(self) -> &'static str {
+        match self {
+            Wire::Delta => "delta",
+            Wire::Sotw => "sotw",
+        }
+    }
+}
+
 /// What the next session does, and what the last one achieved.
 struct Attempt {
     /// Index into `config.upstreams`.
@@ -172,15 +189,31 @@ pub async fn run(
             resumed: false,
             answered: false,
         };
+        // The ADS flavour spoken to each control-plane address (`auto` starts with Delta).
+        let start = match config.upstream_protocol {
+            UpstreamProtocol::Sotw => Wire::Sotw,
+            UpstreamProtocol::Delta | UpstreamProtocol::Auto => Wire::Delta,
+        };
+        let mut wires = vec![start; config.upstreams.len()];
         loop {
             if *shutdown.borrow() {
                 return;
             }
             attempt.send_versions = last_answered.is_none_or(|i| i == attempt.target);
             attempt.answered = false;
-            lock(&group.status).upstream = Some(config.upstreams[attempt.target].to_string());
+            let wire = wires[attempt.target];
+            {
+                let mut status = lock(&group.status);
+                status.upstream = Some(config.upstreams[attempt.target].to_string());
+                status.upstream_protocol = wire.as_str();
+            }
             let ended = tokio::select! {
-                r = one_stream(&config, &group, &protocol, &reached, &mut backoff, &mut attempt) => r,
+                r = async {
+                    match wire {
+                        Wire::Delta => one_stream(&config, &group, &protocol, &reached, &mut backoff, &mut attempt).await,
+                        Wire::Sotw => one_sotw_stream(&config, &group, &reached, &mut backoff, &mut attempt).await,
+                    }
+                } => r,
                 _ = shutdown.changed() => return,
             };
             if attempt.answered {
@@ -196,6 +229,17 @@ pub async fn run(
                     status.resyncs += 1;
                     status.last_resync = Some(SystemTime::now());
                     attempt.reconcile = true;
+                    continue;
+                }
+                Err(SessionError::Stream(ref s))
+                    if s.code() == tonic::Code::Unimplemented
+                        && config.upstream_protocol == UpstreamProtocol::Auto
+                        && wire == Wire::Delta =>
+                {
+                    warn!(upstream = %config.upstreams[attempt.target], error = %s.message(),
+                        "the control plane does not serve Delta ADS; speaking state-of-the-world to it until the relay restarts");
+                    wires[attempt.target] = Wire::Sotw;
+                    lock(&group.status).protocol_switches += 1;
                     continue;
                 }
                 Err(e) => e.to_string(),
@@ -269,15 +313,7 @@ async fn one_stream(
     let call = client.delta_aggregated_resources(ReceiverStream::new(rx));
     tokio::pin!(call);
     let mut inbound: Option<tonic::Streaming<DeltaDiscoveryResponse>> = None;
-    {
-        let mut status = lock(&group.status);
-        status.connected = true;
-        status.connected_since = Some(SystemTime::now());
-        status.streams_opened += 1;
-        status.last_error = None;
-        status.disconnected_since = None;
-        status.unanswered_types.clear();
-    }
+    mark_open(group);
     info!(upstream = %target, initial_versions = attempt.send_versions && !attempt.reconcile,
         reconcile = reconciliation.is_some(), "upstream stream open");
     let mut wait_ends = Some(tokio::time::Instant::now() + UNANSWERED_WAIT);
@@ -329,6 +365,90 @@ async fn one_stream(
             }
         }
     }
+}
+
+/// One state-of-the-world stream (for control planes without Delta): the same life as
+/// [`one_stream`] with [`SotwUpstream`] as the protocol. Reopening it is a reconciliation by
+/// itself: the server resends its state and Listener/Cluster absence removes.
+async fn one_sotw_stream(
+    config: &Config,
+    group: &Group,
+    reached: &AtomicBool,
+    backoff: &mut Backoff,
+    attempt: &mut Attempt,
+) -> Result<(), SessionError> {
+    let target = &config.upstreams[attempt.target];
+    let channel: Channel = endpoint_for(config, target).connect().await?;
+    let mut client = AggregatedDiscoveryServiceClient::new(channel)
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    let (tx, rx) = mpsc::channel::<DiscoveryRequest>(1024);
+    let mut session = SotwUpstream::new(group.upstream_node.clone());
+    let initial = session.initial_requests(&mut write(&group.state));
+    let mut unanswered: std::collections::BTreeSet<String> =
+        initial.iter().map(|r| r.type_url.clone()).collect();
+    for req in initial {
+        info!(type_url = %req.type_url, names = req.resource_names.len(), "subscribing upstream (SotW)");
+        let _ = tx.try_send(req);
+    }
+    let call = client.stream_aggregated_resources(ReceiverStream::new(rx));
+    tokio::pin!(call);
+    let mut inbound: Option<tonic::Streaming<DiscoveryResponse>> = None;
+    mark_open(group);
+    info!(upstream = %target, "upstream stream open (state of the world)");
+    let mut wait_ends = Some(tokio::time::Instant::now() + UNANSWERED_WAIT);
+    let resync_at = config
+        .resilience
+        .resync_interval
+        .map(|d| tokio::time::Instant::now() + jittered(d));
+    loop {
+        tokio::select! {
+            headers = &mut call, if inbound.is_none() => {
+                inbound = Some(headers?.into_inner());
+            }
+            msg = next_message(&mut inbound) => {
+                let resp = msg?.ok_or(SessionError::Closed)?;
+                backoff.reset();
+                attempt.answered = true;
+                reached.store(true, Ordering::Relaxed);
+                if unanswered.remove(&resp.type_url) {
+                    lock(&group.status).unanswered_types.retain(|t| *t != resp.type_url);
+                }
+                let (type_url, nonce) = (resp.type_url.clone(), resp.nonce.clone());
+                let outcome = session
+                    .on_response(&mut write(&group.state), resp, Instant::now())
+                    .map_err(|e| SessionError::Protocol(e.to_string()))?;
+                record_verdict(group, &type_url, &nonce, outcome.verdict);
+                tx.send(outcome.reply).await.map_err(|_| SessionError::Closed)?;
+            }
+            () = sleep_until_opt(wait_ends) => {
+                wait_ends = None;
+                stop_waiting(group, &unanswered);
+            }
+            () = sleep_until_opt(resync_at) => return Err(SessionError::Resync),
+            () = group.upstream_wake.notified() => {
+                let requests = session.interest_requests(&mut write(&group.state), Instant::now());
+                for req in requests {
+                    debug!(type_url = %req.type_url, names = req.resource_names.len(), "upstream subscription change (SotW)");
+                    tx.send(req).await.map_err(|_| SessionError::Closed)?;
+                }
+                if write(&group.state).take_resync() {
+                    return Err(SessionError::Resync);
+                }
+            }
+        }
+    }
+}
+
+/// The group's status once a stream is open.
+fn mark_open(group: &Group) {
+    let mut status = lock(&group.status);
+    status.connected = true;
+    status.connected_since = Some(SystemTime::now());
+    status.streams_opened += 1;
+    status.last_error = None;
+    status.disconnected_since = None;
+    status.unanswered_types.clear();
 }
 
 /// The wait for the stream's first answers ended with `unanswered` types still silent: they stop
@@ -432,16 +552,22 @@ fn on_response(
     if outcome.interest_changed {
         group.upstream_wake.notify_one();
     }
+    record_verdict(group, &type_url, &nonce, outcome.verdict);
+    Ok(outcome.reply)
+}
+
+/// Records one response's verdict on the group's status and publishes what it changed.
+fn record_verdict(group: &Group, type_url: &str, nonce: &str, verdict: Verdict) {
     {
         let mut status = lock(&group.status);
         status.responses += 1;
         status.last_response = Some(SystemTime::now());
         status.synced_once = true;
-        if matches!(outcome.verdict, Verdict::Rejected { .. }) {
+        if matches!(verdict, Verdict::Rejected { .. }) {
             status.nacks_sent += 1;
         }
     }
-    match outcome.verdict {
+    match verdict {
         Verdict::Applied { changes, affected } => {
             debug!(%type_url, %nonce, changed = changes.names.len(), "upstream update");
             if !changes.is_empty() {
@@ -456,7 +582,6 @@ fn on_response(
                 "rejecting upstream response (NACK); keeping the last good state");
         }
     }
-    Ok(outcome.reply)
 }
 
 /// Connects to the control plane once (retrying with backoff) so /readyz can tell a relay that has

@@ -244,3 +244,60 @@ fn version_prints_the_commit() {
         format!("adsrelay {} (commit {head})", env!("CARGO_PKG_VERSION"))
     );
 }
+
+/// Issue 33: `upstream_protocol` from each source; a bad value exits 64 naming the field and where
+/// it came from.
+#[test]
+fn upstream_protocol_is_checked_naming_its_source() {
+    let ok = adsrelay(
+        &["check-config", "--upstream", "cp:18000"],
+        &[("ADSRELAY_UPSTREAM_PROTOCOL", "auto")],
+    );
+    assert!(ok.status.success(), "{ok:?}");
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        line(&stdout, "upstream_protocol").contains("\"auto\""),
+        "{stdout}"
+    );
+    let default = adsrelay(&["check-config", "--upstream", "cp:18000"], &[]);
+    let stdout = String::from_utf8_lossy(&default.stdout);
+    assert!(
+        line(&stdout, "upstream_protocol").contains("\"delta\""),
+        "{stdout}"
+    );
+
+    let file = config_file(
+        "proto",
+        "upstream = \"cp:18000\"\nupstream_protocol = \"grpc\"\n",
+    );
+    let path = file.to_str().unwrap();
+    // (arguments, environment, the source the error must name)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: [Case; 3] = [
+        (
+            vec![
+                "check-config",
+                "--upstream",
+                "cp:18000",
+                "--upstream-protocol",
+                "sotw2",
+            ],
+            vec![],
+            "--upstream-protocol",
+        ),
+        (
+            vec!["check-config", "--upstream", "cp:18000"],
+            vec![("ADSRELAY_UPSTREAM_PROTOCOL", "Delta")],
+            "ADSRELAY_UPSTREAM_PROTOCOL",
+        ),
+        (vec!["check-config", "--config", path], vec![], path),
+    ];
+    for (args, env, source) in cases {
+        let out = adsrelay(&args, &env);
+        assert_eq!(out.status.code(), Some(64), "{out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("upstream_protocol"), "{stderr}");
+        assert!(stderr.contains(source), "{stderr} does not name {source}");
+        assert!(stderr.contains("delta, sotw, auto"), "{stderr}");
+    }
+}

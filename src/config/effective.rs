@@ -88,6 +88,10 @@ pub fn settings(c: &Config) -> Vec<(&'static str, Option<String>)> {
             Some(r.max_new_streams_per_second.to_string()),
         ),
         ("new_streams_burst", Some(r.new_streams_burst.to_string())),
+        (
+            "upstream_protocol",
+            Some(quoted(c.upstream_protocol.as_str())),
+        ),
         ("resync_interval", d(r.resync_interval.unwrap_or_default())),
         (
             "upstream_keepalive_interval",

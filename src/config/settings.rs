@@ -195,6 +195,11 @@ settings! {
         /// New streams admitted in a burst above that rate [default: 10000]
         #[arg(long, value_name = "N", env = "ADSRELAY_NEW_STREAMS_BURST")]
         new_streams_burst: u32,
+        /// ADS flavour spoken to the control plane: delta, sotw (for control planes without
+        /// Delta) or auto (Delta, switching an upstream that answers UNIMPLEMENTED to SotW)
+        /// [default: delta]
+        #[arg(long, value_name = "PROTOCOL", env = "ADSRELAY_UPSTREAM_PROTOCOL")]
+        upstream_protocol: String,
         /// Periodic reconciliation with the upstream: a stream without versions whose full-state
         /// answers are compared with the cache (jittered ±20 %); 0s turns it off [default: 5m]
         #[arg(long, value_name = "DURATION", env = "ADSRELAY_RESYNC_INTERVAL")]

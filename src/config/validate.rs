@@ -69,6 +69,13 @@ impl Merged {
             defaults::MAX_MESSAGE_BYTES,
         )?;
         cfg.log_format = s.log_format.unwrap_or_default();
+        cfg.upstream_protocol = self
+            .parse(
+                "upstream_protocol",
+                &s.upstream_protocol,
+                crate::config::UpstreamProtocol::parse,
+            )?
+            .unwrap_or_default();
         cfg.params_from_metadata = s.params_from_metadata.clone().unwrap_or_default();
         if let Some(k) = cfg.params_from_metadata.iter().find(|k| k.is_empty()) {
             let message = format!("{k:?}: keys must not be empty");

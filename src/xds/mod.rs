@@ -16,7 +16,8 @@
 //! - [`xdstp`]: `xdstp://` names: parsing, canonical form, glob collections (A28, A29).
 //! - [`unsubscribed`]: names no client wants any more, kept fresh within a byte budget (LRU).
 //! - [`upstream_session`]: the group's upstream protocol: requests when a stream opens, ACK/NACK
-//!   and the change set of each response, requests when the interest changed.
+//!   and the change set of each response, requests when the interest changed; reconciliation.
+//! - [`sotw_upstream`]: the same over state-of-the-world, for control planes without Delta.
 
 pub mod constraints;
 pub mod contract;
@@ -29,6 +30,7 @@ mod packed;
 mod per_type;
 pub mod resource;
 pub mod sotw;
+pub mod sotw_upstream;
 pub mod store;
 pub mod unacked;
 pub mod unsubscribed;

@@ -343,7 +343,7 @@ fn wrap_in_any(resource: &Bytes) -> Bytes {
 
 /// The bytes of the last occurrence of length-delimited top-level `field` in an encoded message,
 /// as a zero-copy slice. `None` if absent or if the message does not parse.
-fn field_slice(msg: &Bytes, field: u32) -> Option<Bytes> {
+pub(super) fn field_slice(msg: &Bytes, field: u32) -> Option<Bytes> {
     use prost::encoding::{decode_key, decode_varint, WireType};
     let mut buf: &[u8] = msg;
     let mut found = None;

@@ -18,9 +18,9 @@ use crate::pb::rpc;
 use crate::pb::wire::DeltaDiscoveryResponse;
 
 /// gRPC status code NOT_FOUND, which TP3 `resource_errors` use to say a resource does not exist.
-const NOT_FOUND: i32 = 5;
+pub(super) const NOT_FOUND: i32 = 5;
 /// gRPC status code INTERNAL, used in NACKs as Envoy does.
-const INTERNAL: i32 = 13;
+pub(super) const INTERNAL: i32 = 13;
 /// NACK messages are truncated like Envoy's so a huge error cannot bloat the upstream request.
 pub const MAX_NACK_MESSAGE: usize = 4096;
 
@@ -323,7 +323,7 @@ pub fn upstream_update(resp: DeltaDiscoveryResponse, received_at: Instant) -> Up
     }
 }
 
-fn truncate_message(mut message: String) -> String {
+pub(super) fn truncate_message(mut message: String) -> String {
     if message.len() > MAX_NACK_MESSAGE {
         let mut cut = MAX_NACK_MESSAGE;
         while !message.is_char_boundary(cut) {
