@@ -599,4 +599,87 @@ mod tests {
         want(&mut state, 3, EDS, &["e1"]);
         assert!(s.interest_requests(&mut state, now).is_empty());
     }
+
+    proptest::proptest! {
+        /// Removals and changes derived from any sequence of full-state Cluster responses: after
+        /// each, the cache holds exactly the response's resources, and the names reported changed
+        /// are exactly those added, changed or removed since the one before.
+        #[test]
+        fn full_states_in_any_sequence_leave_exactly_the_last_one_and_report_only_differences(
+            states in proptest::collection::vec(
+                proptest::collection::btree_map(0u8..12, 0u8..3, 0..10),
+                1..8,
+            )
+        ) {
+            let mut state = GroupState::new(Duration::ZERO);
+            want(&mut state, 1, CDS, &["*"]);
+            let mut s = session();
+            s.initial_requests(&mut state);
+            let mut before: BTreeMap<u8, u8> = BTreeMap::new();
+            for (i, full) in states.iter().enumerate() {
+                let resources = full
+                    .iter()
+                    .map(|(n, b)| plain(CDS, &format!("c{n}"), &b.to_string()))
+                    .collect();
+                let out = s
+                    .on_response(&mut state, response(CDS, &format!("n{i}"), resources), Instant::now())
+                    .unwrap();
+                let mut expected: Vec<String> = full
+                    .keys()
+                    .chain(before.keys())
+                    .filter(|n| full.get(n) != before.get(n))
+                    .map(|n| format!("c{n}"))
+                    .collect();
+                expected.sort();
+                expected.dedup();
+                proptest::prop_assert_eq!(changed(&out), expected);
+                let mut held: Vec<String> =
+                    state.store.resources(CDS).map(|r| r.name.to_string()).collect();
+                held.sort();
+                let mut want_held: Vec<String> = full.keys().map(|n| format!("c{n}")).collect();
+                want_held.sort();
+                proptest::prop_assert_eq!(held, want_held);
+                before = full.clone();
+            }
+        }
+
+        /// For any sequence of union changes, the last request of each type names exactly the
+        /// union then wanted (the legacy wildcard aside), sorted, and nothing is sent when the
+        /// union did not change.
+        #[test]
+        fn requests_follow_any_sequence_of_union_changes(
+            steps in proptest::collection::vec((1u64..4, 0u8..6, proptest::bool::ANY), 1..30)
+        ) {
+            let mut state = GroupState::new(Duration::ZERO);
+            want(&mut state, 1, EDS, &["e0"]);
+            let mut s = session();
+            s.initial_requests(&mut state);
+            let mut held: BTreeMap<(u64, u8), ()> = BTreeMap::from([((1, 0), ())]);
+            let mut last: Vec<String> = vec!["e0".into()];
+            for (stream, name, subscribe) in steps {
+                let l = Locator::plain(format!("e{name}"));
+                let mut effects = RequestEffects::new(EDS);
+                if subscribe && held.insert((stream, name), ()).is_none() {
+                    effects.acquire.push(l);
+                } else if !subscribe && held.remove(&(stream, name)).is_some() {
+                    effects.release.push(l);
+                }
+                state.apply_effects(stream, &effects, Instant::now());
+                let union: std::collections::BTreeSet<String> =
+                    state.interest.held_locators().into_iter()
+                        .filter(|(t, _)| t == EDS)
+                        .flat_map(|(_, ls)| ls.into_iter().map(|l| l.name.to_string()))
+                        .collect();
+                let union: Vec<String> = union.into_iter().collect();
+                let requests = s.interest_requests(&mut state, Instant::now());
+                if union != last && !union.is_empty() {
+                    proptest::prop_assert_eq!(requests.len(), 1);
+                    proptest::prop_assert_eq!(&requests[0].resource_names, &union);
+                    last = union;
+                } else {
+                    proptest::prop_assert!(requests.is_empty(), "{:?}", requests);
+                }
+            }
+        }
+    }
 }
