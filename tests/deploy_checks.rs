@@ -2,6 +2,9 @@
 //! - `scripts/check-deploy.sh` passes: kustomize renders every overlay, the manifests validate
 //!   against the Kubernetes schemas, hadolint passes on the Dockerfile, promtool checks and tests
 //!   the alerting rules (it installs its tools on first use);
+//! - `scripts/check-helm.sh` passes: the Helm chart deploy/helm/adsrelay lints and renders with the
+//!   default and every region's values, validates against the Kubernetes schemas, and renders the
+//!   same objects as the kustomize base and each overlay (it builds its pinned helm on first use);
 //! - every `adsrelay_*` metric the Grafana dashboard and the alerting rules name is exported by a
 //!   live relay's /metrics (a relay started in-process, with clients connected so the labelled
 //!   series exist);
@@ -25,8 +28,13 @@ fn read(rel: &str) -> String {
     std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
+/// scripts/check-deploy.sh and scripts/check-helm.sh install tools into the same .venv on first
+/// use (pip is not safe to run twice at once there), and both are CPU-bound: one at a time.
+static DEPLOY_SCRIPTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn check_deploy_script_passes() {
+    let _one_at_a_time = DEPLOY_SCRIPTS.lock().unwrap_or_else(|e| e.into_inner());
     let out = Command::new("bash")
         .arg(root().join("scripts/check-deploy.sh"))
         .current_dir(root())
@@ -42,6 +50,27 @@ fn check_deploy_script_passes() {
     assert!(
         stdout.contains("check-deploy: all deploy checks passed"),
         "scripts/check-deploy.sh did not finish its checks.\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+    );
+}
+
+#[test]
+fn helm_chart_lints_renders_validates_and_matches_kustomize() {
+    let _one_at_a_time = DEPLOY_SCRIPTS.lock().unwrap_or_else(|e| e.into_inner());
+    let out = Command::new("bash")
+        .arg(root().join("scripts/check-helm.sh"))
+        .current_dir(root())
+        .output()
+        .expect("run scripts/check-helm.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "scripts/check-helm.sh failed ({}).\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains("check-helm: all helm checks passed"),
+        "scripts/check-helm.sh did not finish its checks.\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
     );
 }
 
