@@ -452,3 +452,102 @@ fn bench_client_streams(bencher: Bencher, resume: bool, sent: usize) {
         black_box(got)
     });
 }
+
+/// A group whose clients want every Cluster, and the 1,000 Clusters of 1 KiB a SotW control
+/// plane resends in full for each change (the body of `c0007` says `version`).
+fn sotw_full_state(version: u8) -> Vec<Bytes> {
+    (0..1000)
+        .map(|i| {
+            let mut value = Vec::new();
+            prost::encoding::string::encode(1, &format!("c{i:04}"), &mut value);
+            let fill = if i == 7 { version } else { 7 };
+            prost::encoding::bytes::encode(2, &vec![fill; 1024], &mut value);
+            prost_types::Any {
+                type_url: CDS.into(),
+                value,
+            }
+            .encode_to_vec()
+            .into()
+        })
+        .collect()
+}
+
+fn wildcard_cluster_group() -> GroupState {
+    let mut group = GroupState::new(Duration::from_secs(30));
+    let effects = DeltaStream::new()
+        .on_request(&DeltaDiscoveryRequest {
+            type_url: CDS.into(),
+            ..Default::default()
+        })
+        .unwrap();
+    group.apply_effects(1, &effects, Instant::now());
+    group
+}
+
+/// Issue 33: the relay's cost of one state-of-the-world upstream response of 1,000 Clusters of
+/// 1 KiB with one changed (decode, wrap each plain Any with a version from its bytes, compare with
+/// the cache by bytes): the change set is that one Cluster. Compare with
+/// `delta_upstream_one_cluster_changed`, the same change over Delta.
+#[divan::bench(sample_count = 20)]
+fn sotw_upstream_1000_clusters_one_changed(bencher: Bencher) {
+    use adsrelay::pb::wire::DiscoveryResponse;
+    use adsrelay::xds::sotw_upstream::SotwUpstream;
+    let mut group = wildcard_cluster_group();
+    let mut session = SotwUpstream::new(Default::default());
+    session.initial_requests(&mut group);
+    let full = [sotw_full_state(1), sotw_full_state(2)];
+    let mut n = 0u64;
+    let respond = |group: &mut GroupState, session: &mut SotwUpstream, n: &mut u64| {
+        *n += 1;
+        let resp = DiscoveryResponse {
+            version_info: n.to_string(),
+            resources: full[(*n % 2) as usize].clone(),
+            type_url: CDS.into(),
+            nonce: n.to_string(),
+            ..Default::default()
+        };
+        session.on_response(group, resp, Instant::now()).unwrap()
+    };
+    respond(&mut group, &mut session, &mut n);
+    bencher.bench_local(|| {
+        let out = respond(&mut group, &mut session, &mut n);
+        assert!(matches!(&out.verdict, adsrelay::xds::Verdict::Applied { changes, .. } if changes.names.len() == 1));
+        black_box(out)
+    });
+}
+
+/// The same one-Cluster change as a Delta upstream sends it (one resource).
+#[divan::bench]
+fn delta_upstream_one_cluster_changed(bencher: Bencher) {
+    use adsrelay::pb::wire::DeltaDiscoveryResponse;
+    use adsrelay::xds::UpstreamSession;
+    let mut group = wildcard_cluster_group();
+    let session = UpstreamSession::new(Default::default());
+    session.initial_requests(&mut group, true);
+    let initial = DeltaDiscoveryResponse {
+        type_url: CDS.into(),
+        nonce: "0".into(),
+        resources: (0..1000)
+            .map(|i| resource(&format!("c{i:04}"), "1", 1024))
+            .collect(),
+        ..Default::default()
+    };
+    session
+        .on_response(&mut group, initial, Instant::now())
+        .unwrap();
+    let mut n = 0u64;
+    bencher.bench_local(|| {
+        n += 1;
+        let resp = DeltaDiscoveryResponse {
+            type_url: CDS.into(),
+            nonce: n.to_string(),
+            resources: vec![resource("c0007", &n.to_string(), 1024)],
+            ..Default::default()
+        };
+        black_box(
+            session
+                .on_response(&mut group, resp, Instant::now())
+                .unwrap(),
+        )
+    });
+}

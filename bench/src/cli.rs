@@ -128,6 +128,11 @@ pub struct Args {
     /// --unsubscribe-linger passed to the started relay.
     #[arg(long, default_value = "30s")]
     pub unsubscribe_linger: String,
+    /// Pin the server under test (the relay, or a baseline's process) to CPU 0 and loadgen (its
+    /// clients, and the relay's in-process control plane) to CPU 1, so ratios do not depend on
+    /// who wins the shared cores. Needs two CPUs.
+    #[arg(long)]
+    pub pin: bool,
     /// Where the in-process control plane listens during the relay phase.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub upstream_listen: SocketAddr,

@@ -411,7 +411,7 @@ pub async fn run(
     // The upstream and the address clients connect to.
     let (mut upstream, addr, pid) = match target {
         Target::Baseline(b) => {
-            let p = ServerProcess::start(b, &workload, timeout).await?;
+            let p = ServerProcess::start(b, &workload, args.pin, timeout).await?;
             progress.line(format!("{}: pid {} on {}", b.name(), p.pid, p.addr));
             let (addr, pid) = (p.addr, p.pid);
             (Upstream::Child(Box::new(p)), addr, Some(pid))
@@ -434,9 +434,15 @@ pub async fn run(
                         std::env::temp_dir()
                             .join(format!("loadgen-relay-{}.log", std::process::id()))
                     });
-                    let r =
-                        RelayProcess::start(&bin, cp_addr, &args.unsubscribe_linger, log, timeout)
-                            .await?;
+                    let r = RelayProcess::start(
+                        &bin,
+                        cp_addr,
+                        &args.unsubscribe_linger,
+                        args.pin,
+                        log,
+                        timeout,
+                    )
+                    .await?;
                     progress.line(format!(
                         "relay: {} pid {} on {} (upstream {cp_addr}), log {}",
                         bin.display(),

@@ -108,6 +108,42 @@ pub fn signal(pid: u32, kill: bool) {
     }
 }
 
+/// The server under test's CPU and loadgen's with `--pin`.
+pub const SERVER_CPU: usize = 0;
+pub const LOADGEN_CPU: usize = 1;
+
+/// Pins the calling thread (and the threads it starts later, or the process it `exec`s) to `cpu`.
+pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+    pin_thread(0, cpu)
+}
+
+/// Pins every thread of this process to `cpu` (tokio's workers already run when `main` starts;
+/// threads started later inherit the affinity of the thread that starts them).
+pub fn pin_own_threads(cpu: usize) -> std::io::Result<()> {
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let tid: libc::pid_t = task?
+            .file_name()
+            .to_string_lossy()
+            .parse()
+            .map_err(|e| std::io::Error::other(format!("task id: {e}")))?;
+        pin_thread(tid, cpu)?;
+    }
+    Ok(())
+}
+
+fn pin_thread(tid: libc::pid_t, cpu: usize) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays within it for cpu < 1024;
+    // sched_setaffinity reads the set we own.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -121,5 +157,24 @@ mod tests {
                 "/proc/net/netstat has TcpExt ListenOverflows"
             );
         }
+    }
+    #[test]
+    fn a_pinned_thread_runs_only_on_its_cpu() {
+        std::thread::spawn(|| {
+            super::pin_current_thread(0).unwrap();
+            // SAFETY: a zeroed cpu_set_t is a valid empty set, filled by the kernel.
+            let set = unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                assert_eq!(
+                    libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+                    0
+                );
+                set
+            };
+            assert_eq!(unsafe { libc::CPU_COUNT(&set) }, 1);
+            assert!(unsafe { libc::CPU_ISSET(0, &set) });
+        })
+        .join()
+        .unwrap();
     }
 }

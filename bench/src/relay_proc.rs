@@ -64,6 +64,7 @@ impl RelayProcess {
         bin: &Path,
         upstream: SocketAddr,
         linger: &str,
+        pin: bool,
         log: PathBuf,
         timeout: Duration,
     ) -> Result<RelayProcess, String> {
@@ -86,6 +87,12 @@ impl RelayProcess {
             .kill_on_drop(true);
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
+        }
+        if pin {
+            // SAFETY: between fork and exec only sched_setaffinity runs (async-signal-safe).
+            unsafe {
+                cmd.pre_exec(|| crate::procfs::pin_current_thread(crate::procfs::SERVER_CPU));
+            }
         }
         let mut child = cmd
             .spawn()

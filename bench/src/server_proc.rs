@@ -64,10 +64,18 @@ impl ServerProcess {
     pub async fn start(
         which: Baseline,
         workload: &Workload,
+        pin: bool,
         timeout: Duration,
     ) -> Result<Self, String> {
         let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
-        let mut child = Command::new(exe)
+        let mut cmd = Command::new(exe);
+        if pin {
+            // SAFETY: between fork and exec only sched_setaffinity runs (async-signal-safe).
+            unsafe {
+                cmd.pre_exec(|| crate::procfs::pin_current_thread(crate::procfs::SERVER_CPU));
+            }
+        }
+        let mut child = cmd
             .arg("--serve")
             .arg(which.name())
             .arg("--serve-workload")

@@ -58,6 +58,12 @@ async fn main() -> ExitCode {
         return ExitCode::from(64);
     }
     procfs::keep_freed_memory();
+    if args.pin {
+        if let Err(e) = procfs::pin_own_threads(procfs::LOADGEN_CPU) {
+            eprintln!("loadgen: --pin: {e} (needs CPUs 0 and 1)");
+            return ExitCode::from(64);
+        }
+    }
     let limit = procfs::raise_nofile();
     let need = files_needed(&args);
     if need > limit {
