@@ -5,6 +5,8 @@
 //! saw.
 //!
 //! Needs target/interop/jcp-server.jar (scripts/setup-java-interop.sh) and Envoy (scripts/test.sh).
+//! The relay-restart scenario also runs behind go-control-plane (target/interop/gcp-server), the
+//! same code over `ControlPlaneProcess<K>`.
 //!
 //! How java-control-plane's Delta server differs from go-control-plane's (v0.14.0, see
 //! tests/go_control_plane_interop.rs), as observed here and in its 1.0.49 source
@@ -60,7 +62,8 @@ use support::gcp::{
     cluster, listener, load_assignment, route_config, state, CLUSTER_TYPE, ENDPOINT_TYPE,
     LISTENER_TYPE, ROUTE_TYPE,
 };
-use support::jcp::JavaControlPlane;
+use support::gcp::{ControlPlaneProcess, Go, ServerKind};
+use support::jcp::{Java, JavaControlPlane};
 use support::{http_get, RelayUnderTest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -117,7 +120,7 @@ async fn get(port: u16, path: &str) -> (u16, String) {
 }
 
 /// With JCP_EVENTS_DUMP=DIR, writes java-control-plane's events to DIR/`test`.jsonl for a look.
-fn dump(jcp: &JavaControlPlane, test: &str) {
+fn dump<K: ServerKind>(jcp: &ControlPlaneProcess<K>, test: &str) {
     if let Ok(dir) = std::env::var("JCP_EVENTS_DUMP") {
         jcp.dump_events(&Path::new(&dir).join(format!("{test}.jsonl")));
     }
@@ -317,7 +320,7 @@ fn sent_by_stream(events: &[Value], type_url: &str) -> BTreeMap<i64, BTreeSet<St
 
 /// No NACK upstream (java-control-plane's view), and no Envoy rejected config or is
 /// disconnected.
-async fn assert_no_nack(jcp: &JavaControlPlane, envoys: &[Envoy]) {
+async fn assert_no_nack<K: ServerKind>(jcp: &ControlPlaneProcess<K>, envoys: &[Envoy]) {
     let events = jcp.events();
     let nacks: Vec<&Value> = events.iter().filter(|e| e["nack"] == true).collect();
     assert!(nacks.is_empty(), "the relay NACKed: {nacks:?}");
@@ -338,8 +341,8 @@ async fn assert_no_nack(jcp: &JavaControlPlane, envoys: &[Envoy]) {
 /// Waits until java-control-plane has received, after its `seen`th event, a request of
 /// `type_url` from the relay; returns how long that took. Fails after `limit` with the relay's
 /// upstream status and what java-control-plane saw.
-async fn upstream_request(
-    jcp: &JavaControlPlane,
+async fn upstream_request<K: ServerKind>(
+    jcp: &ControlPlaneProcess<K>,
     relay: &RelayUnderTest,
     seen: usize,
     type_url: &str,
@@ -836,16 +839,27 @@ async fn shut_down(mut relay: RelayUnderTest, fwd: &Forwarder, snapshot: Option<
 /// Envoys or by the relay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_restart_warm_and_cold_converges_without_nack() {
+    relay_restart_scenario::<Java>().await;
+}
+
+/// The same relay restarts behind go-control-plane (Delta upstream), for issue 29: its resumed
+/// streams get only what changed, where java-control-plane resends everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_restart_warm_and_cold_behind_go_control_plane() {
+    relay_restart_scenario::<Go>().await;
+}
+
+async fn relay_restart_scenario<K: ServerKind>() {
     let _serial = SERIAL.lock().await;
     let t0 = Instant::now();
     let p = ports().await;
     let dir: PathBuf = tempfile::Builder::new()
-        .prefix("adsrelay-jcp-snapshot-")
+        .prefix("adsrelay-relay-restart-snapshot-")
         .tempdir()
         .unwrap()
         .keep();
     let snap = dir.join("cache.snap");
-    let mut jcp = JavaControlPlane::start(
+    let mut jcp = ControlPlaneProcess::<K>::start(
         NODE,
         &state(
             "v1",
@@ -915,6 +929,13 @@ async fn relay_restart_warm_and_cold_converges_without_nack() {
         t.elapsed().as_secs_f64()
     );
 
+    drop(envoys);
+    let _ = std::fs::remove_dir_all(&dir);
+    dump(&jcp, &format!("relay-restart-{}", K::NAME));
+    if K::NAME != Java::NAME {
+        println!("scenario: {:.1}s", t0.elapsed().as_secs_f64());
+        return;
+    }
     // Three relays, two groups each: six upstream streams, each new one sent every resource again
     // (java-control-plane keeps no state across streams).
     let events = jcp.events();
@@ -929,9 +950,6 @@ async fn relay_restart_warm_and_cold_converges_without_nack() {
             .all(|s| s.contains("alpha") && s.contains("beta")),
         "{cds:?}"
     );
-    drop(envoys);
-    let _ = std::fs::remove_dir_all(&dir);
-    dump(&jcp, "relay-restart");
     println!("scenario: {:.1}s", t0.elapsed().as_secs_f64());
 }
 
