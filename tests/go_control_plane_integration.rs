@@ -19,13 +19,16 @@
 //! and holds the last round's clusters.
 //!
 //! The mode (`-xds`) sets how Envoy talks to the relay and which config sources the generated
-//! resources name; the program's server always sees the relay's one Delta ADS stream, so its
-//! state-of-the-world code (ordered ADS) is not exercised here. Modes run: every Envoy transport
-//! the relay serves: `ads` (SotW ADS), `delta-ads`, `xds` (SotW per-type services), `delta`
-//! (Delta per-type services), each also with `-tls` (listeners whose certificates come over SDS).
-//! Not run (see its `#[ignore]`): `xds -mux` (the program's MuxCache cannot serve Delta, and the
-//! relay's upstream is Delta until issue 33). `rest` is not served by the relay. Runs are serialized (2 cores;
-//! each takes ~10 s).
+//! resources name; the program's server sees the relay's one ADS stream, Delta by default
+//! (`DeltaAggregatedResources`), or state-of-the-world (`StreamAggregatedResources`) in the modes
+//! that start the relay with `--upstream-protocol sotw`. Modes run: every Envoy transport the relay
+//! serves: `ads` (SotW ADS), `delta-ads`, `xds` (SotW per-type services), `delta` (Delta per-type
+//! services), each also with `-tls` (listeners whose certificates come over SDS); with the relay's
+//! upstream in SotW: `ads` (`ads_sotw_upstream`: the program's SnapshotCache in ADS mode, which
+//! answers a named type only when the request names all of its resources) and `xds -mux`
+//! (`xds_mux`: EDS from a LinearCache behind a MuxCache that has no `ClassifyDelta`, so the first
+//! Delta request would crash the program). `rest` is not served by the relay. Runs are serialized
+//! (2 cores; each takes ~10 s).
 
 mod support;
 
@@ -58,6 +61,8 @@ struct Mode {
     xds: &'static str,
     tls: bool,
     mux: bool,
+    /// The relay speaks state-of-the-world upstream (`--upstream-protocol sotw`), not Delta.
+    sotw_upstream: bool,
 }
 
 impl Mode {
@@ -66,6 +71,7 @@ impl Mode {
             xds,
             tls: false,
             mux: false,
+            sotw_upstream: false,
         }
     }
 
@@ -77,7 +83,19 @@ impl Mode {
         if self.mux {
             s.push_str("-mux");
         }
+        if self.sotw_upstream {
+            s.push_str("-sotw-upstream");
+        }
         s
+    }
+
+    /// The relay's flags for this mode, beyond addresses and node id.
+    fn relay_args(&self) -> &'static [&'static str] {
+        if self.sotw_upstream {
+            &["--upstream-protocol", "sotw"]
+        } else {
+            &[]
+        }
     }
 
     fn aggregated(&self) -> bool {
@@ -279,6 +297,7 @@ impl Run {
             .args(["--listen", &format!("127.0.0.1:{relay_port}")])
             .args(["--admin", &format!("127.0.0.1:{relay_admin}")])
             .args(["--node-id", NODE_ID])
+            .args(mode.relay_args())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -496,15 +515,29 @@ async fn delta_tls() {
     .await;
 }
 
-/// The program's `-mux` (EDS from a LinearCache behind a MuxCache). Fails in the program: its
-/// MuxCache has `Classify` but no `ClassifyDelta`, so the first Delta request panics it (nil
-/// function), and the relay's upstream is always Delta ADS. go-control-plane runs `-mux` only
-/// with SotW (`make integration.xds.mux`).
+/// The program's `-xds ads` with the relay's upstream in state-of-the-world: the program's
+/// SnapshotCache is in ADS mode (its `NewSnapshotCache(mode == ads, ...)`), answering a named type
+/// only when the request names every resource of that type in the snapshot and a wildcard type
+/// only when the request names nothing (legacy wildcard), and its ordered-ADS SotW code serves the
+/// relay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a state-of-the-world upstream (--upstream-protocol sotw, issue 33): the program's -mux cache cannot serve Delta"]
+async fn ads_sotw_upstream() {
+    passes(Mode {
+        sotw_upstream: true,
+        ..Mode::new("ads")
+    })
+    .await;
+}
+
+/// The program's `-mux` (EDS from a LinearCache behind a MuxCache). Its MuxCache has `Classify`
+/// but no `ClassifyDelta`, so a Delta request panics it (nil function): go-control-plane runs
+/// `-mux` only with SotW (`make integration.xds.mux`), and so does the relay's upstream here
+/// (`--upstream-protocol sotw`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xds_mux() {
     passes(Mode {
         mux: true,
+        sotw_upstream: true,
         ..Mode::new("xds")
     })
     .await;

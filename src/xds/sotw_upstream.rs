@@ -5,7 +5,7 @@
 //!
 //! SotW names the whole subscription in every request, so each request of a type carries the
 //! union of what the group's clients want (the legacy wildcard, an empty list, for Listener and
-//! Cluster when `"*"` is all that is wanted; an explicit `"*"` otherwise). A response is the
+//! Cluster and any other type when `"*"` is all that is wanted; an explicit `"*"` beside names). A response is the
 //! server's state of the names requested; it becomes a per-resource cache update:
 //! - each resource keeps its bytes; a plain `Any` is wrapped in an `envoy...discovery.v3.Resource`
 //!   named after its field 1 (every xDS resource type names itself there) with a version derived
@@ -77,7 +77,7 @@ impl SotwUpstream {
         wanted
             .into_iter()
             .filter_map(|(type_url, locators)| {
-                let sub = subscription(&type_url, &locators)?;
+                let sub = subscription(&locators)?;
                 self.types.insert(type_url.clone(), sub);
                 Some(self.request(&type_url, None))
             })
@@ -110,11 +110,14 @@ impl SotwUpstream {
                 .unwrap_or_default();
             // SotW cannot say "nothing" for every type (an empty list is Listener's and Cluster's
             // wildcard): a type nobody wants any more stays as it was; its responses are ignored.
-            let Some(sub) = subscription(&type_url, locators) else {
+            let Some(sub) = subscription(locators) else {
                 continue;
             };
+            // A type new on the stream always goes out: its legacy wildcard is an empty list,
+            // which equals an empty record.
+            let new = !self.types.contains_key(&type_url);
             let entry = self.types.entry(type_url.clone()).or_default();
-            if entry.names == sub.names && entry.locators == sub.locators {
+            if !new && entry.names == sub.names && entry.locators == sub.locators {
                 continue;
             }
             entry.names = sub.names;
@@ -202,7 +205,7 @@ impl SotwUpstream {
 }
 
 /// A type's SotW subscription from the locators wanted; `None` when nothing is.
-fn subscription(type_url: &str, locators: &[Locator]) -> Option<TypeSubscription> {
+fn subscription(locators: &[Locator]) -> Option<TypeSubscription> {
     if locators.is_empty() {
         return None;
     }
@@ -224,8 +227,10 @@ fn subscription(type_url: &str, locators: &[Locator]) -> Option<TypeSubscription
                 .collect(),
         })
         .collect();
-    let legacy = type_url == type_urls::LISTENER || type_url == type_urls::CLUSTER;
-    if wildcard && legacy && names.len() == 1 && with_params.is_empty() {
+    // The legacy wildcard (an empty list) when `"*"` is all that is wanted, for every type: Envoy
+    // sends it so, and go-control-plane's SotW caches understand only that form (an explicit
+    // `"*"` alone is never answered in ADS mode, and answered empty otherwise).
+    if wildcard && names.len() == 1 && with_params.is_empty() {
         names.clear();
     }
     names.sort();
@@ -319,6 +324,7 @@ mod tests {
     const CDS: &str = type_urls::CLUSTER;
     const LDS: &str = type_urls::LISTENER;
     const EDS: &str = type_urls::ENDPOINTS;
+    const RDS: &str = type_urls::ROUTE;
 
     fn want(state: &mut GroupState, stream: u64, type_url: &str, names: &[&str]) {
         let mut effects = RequestEffects::new(type_url);
@@ -380,19 +386,24 @@ mod tests {
     }
 
     #[test]
-    fn each_type_requests_the_union_with_the_legacy_wildcard_for_listeners_and_clusters() {
+    fn each_type_requests_the_union_with_the_legacy_wildcard_when_only_the_wildcard_is_wanted() {
         let mut state = GroupState::new(Duration::ZERO);
         want(&mut state, 1, LDS, &["*"]);
         want(&mut state, 1, CDS, &["*"]);
         want(&mut state, 2, CDS, &["c9"]);
         want(&mut state, 1, EDS, &["e2", "e1"]);
         want(&mut state, 2, EDS, &["e1"]);
+        want(&mut state, 1, RDS, &["*"]);
         let requests = session().initial_requests(&mut state);
         let by_type: BTreeMap<&str, &DiscoveryRequest> =
             requests.iter().map(|r| (r.type_url.as_str(), r)).collect();
         assert!(by_type[LDS].resource_names.is_empty(), "legacy wildcard");
         assert_eq!(by_type[CDS].resource_names, ["*", "c9"]);
         assert_eq!(by_type[EDS].resource_names, ["e1", "e2"]);
+        assert!(
+            by_type[RDS].resource_names.is_empty(),
+            "legacy wildcard, any type"
+        );
         assert!(requests.iter().all(|r| r.version_info.is_empty()
             && r.response_nonce.is_empty()
             && r.node.as_ref().is_some_and(|n| n.id == "relay")));
@@ -598,6 +609,19 @@ mod tests {
         // A subscriber of a name already wanted changes nothing upstream.
         want(&mut state, 3, EDS, &["e1"]);
         assert!(s.interest_requests(&mut state, now).is_empty());
+    }
+
+    #[test]
+    fn a_type_first_wanted_mid_stream_by_wildcard_alone_is_requested() {
+        let mut state = GroupState::new(Duration::ZERO);
+        want(&mut state, 1, CDS, &["*"]);
+        let mut s = session();
+        s.initial_requests(&mut state);
+        want(&mut state, 1, LDS, &["*"]);
+        let requests = s.interest_requests(&mut state, Instant::now());
+        assert_eq!(requests.len(), 1, "{requests:?}");
+        assert_eq!(requests[0].type_url, LDS);
+        assert!(requests[0].resource_names.is_empty());
     }
 
     proptest::proptest! {

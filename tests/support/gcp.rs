@@ -2,6 +2,10 @@
 //! tests/interop/go-control-plane, built into target/interop/gcp-server by
 //! scripts/setup-go-interop.sh. ADS and the per-type xDS services, SotW and Delta, over a MuxCache
 //! (EDS in a LinearCache, everything else in an ADS SnapshotCache keyed by the node id).
+//! [`ControlPlaneProcess::start_with_args`] passes extra flags: `--sotw-only` (only the
+//! state-of-the-world methods; a Delta call gets UNIMPLEMENTED), `--classify-only` (the MuxCache
+//! without `ClassifyDelta`: a Delta request crashes the process) and `--snapshot-ads=false` (the
+//! SnapshotCache's ads flag, true by default).
 //!
 //! The state is a JSON value `{"version": "v1", "resources": [protojson Any, ...]}` (build it with
 //! [`state`] and the resource helpers below). The server's callbacks come back as JSON events
@@ -84,6 +88,8 @@ pub struct ControlPlaneProcess<K: ServerKind> {
     dir: PathBuf,
     state_path: PathBuf,
     sets: u32,
+    /// Flags after the protocol's, on every start and restart.
+    extra_args: Vec<String>,
     child: Option<Child>,
     stdin: Option<ChildStdin>,
     events: Arc<Events>,
@@ -94,6 +100,12 @@ impl<K: ServerKind> ControlPlaneProcess<K> {
     /// Starts the server (for go-control-plane target/interop/gcp-server; panics with a clear
     /// message naming its setup script if missing) on a free port, node id `node_id`, with `state`.
     pub async fn start(node_id: &str, state: &Value) -> Self {
+        Self::start_with_args(node_id, state, &[]).await
+    }
+
+    /// [`ControlPlaneProcess::start`] with `args` after the protocol's flags (kept for restarts),
+    /// e.g. `&["--sotw-only"]` for go-control-plane.
+    pub async fn start_with_args(node_id: &str, state: &Value, args: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix(K::DIR_PREFIX)
             .tempdir()
@@ -112,6 +124,7 @@ impl<K: ServerKind> ControlPlaneProcess<K> {
             dir,
             state_path,
             sets: 0,
+            extra_args: args.iter().map(|a| a.to_string()).collect(),
             child: None,
             stdin: None,
             events: Arc::default(),
@@ -197,6 +210,7 @@ impl<K: ServerKind> ControlPlaneProcess<K> {
                 .arg(&self.node_id)
                 .arg("--state")
                 .arg(&self.state_path)
+                .args(&self.extra_args)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(stderr)

@@ -1,5 +1,14 @@
 // gcp-server: a go-control-plane xDS management server driven over stdin, used by adsrelay's
 // interop tests as the relay's upstream. See tests/support/gcp.rs.
+//
+// Flags beyond the protocol's (--listen, --node-id, --state); without them it serves everything:
+//
+//	--sotw-only        serve only the state-of-the-world methods (StreamAggregatedResources and the
+//	                   per-type Stream*/Fetch* methods): a Delta call gets grpc-go's UNIMPLEMENTED.
+//	--classify-only    the MuxCache has Classify but no ClassifyDelta, as go-control-plane's own
+//	                   integration driver in its -mux mode: a Delta request crashes the process.
+//	--snapshot-ads     the SnapshotCache's ads flag (default true): in ADS mode a named type is
+//	                   answered only when the request names every resource of that type.
 package main
 
 import (
@@ -14,7 +23,13 @@ import (
 	"sync"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
+	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	runtimeservice "github.com/envoyproxy/go-control-plane/envoy/service/runtime/v3"
+	secretservice "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/log"
@@ -74,8 +89,10 @@ type controlPlane struct {
 	mux       *cache.MuxCache
 }
 
-func newControlPlane(nodeID string, logger log.Logger) *controlPlane {
-	snapshots := cache.NewSnapshotCache(true, cache.IDHash{}, logger)
+// newControlPlane builds the caches: `ads` is the SnapshotCache's ads flag; with `classifyOnly`
+// the MuxCache cannot route Delta requests (nil ClassifyDelta: the first one panics the process).
+func newControlPlane(nodeID string, logger log.Logger, ads, classifyOnly bool) *controlPlane {
+	snapshots := cache.NewSnapshotCache(ads, cache.IDHash{}, logger)
 	endpoints := cache.NewLinearCache(resource.EndpointType, cache.WithLogger(logger))
 	classify := func(typeURL string) string {
 		if typeURL == resource.EndpointType {
@@ -87,6 +104,9 @@ func newControlPlane(nodeID string, logger log.Logger) *controlPlane {
 		Classify:      func(r *cache.Request) string { return classify(r.GetTypeUrl()) },
 		ClassifyDelta: func(r *cache.DeltaRequest) string { return classify(r.GetTypeUrl()) },
 		Caches:        map[string]cache.Cache{linearKey: endpoints, snapshotKey: snapshots},
+	}
+	if classifyOnly {
+		mux.ClassifyDelta = nil
 	}
 	return &controlPlane{nodeID: nodeID, snapshots: snapshots, endpoints: endpoints, mux: mux}
 }
@@ -264,6 +284,9 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "address to serve xDS on")
 	nodeID := flag.String("node-id", "adsrelay", "node id the snapshot is keyed by")
 	statePath := flag.String("state", "", "optional initial state file (same format as the set command)")
+	sotwOnly := flag.Bool("sotw-only", false, "serve only the state-of-the-world methods (no Delta: UNIMPLEMENTED)")
+	classifyOnly := flag.Bool("classify-only", false, "MuxCache without ClassifyDelta (a Delta request crashes the server)")
+	snapshotADS := flag.Bool("snapshot-ads", true, "the SnapshotCache's ads flag")
 	flag.Parse()
 
 	ev := &events{enc: json.NewEncoder(os.Stdout)}
@@ -271,7 +294,7 @@ func main() {
 		WarnFunc:  func(f string, a ...any) { fmt.Fprintf(os.Stderr, "warn: "+f+"\n", a...) },
 		ErrorFunc: func(f string, a ...any) { fmt.Fprintf(os.Stderr, "error: "+f+"\n", a...) },
 	}
-	cp := newControlPlane(*nodeID, logger)
+	cp := newControlPlane(*nodeID, logger, *snapshotADS, *classifyOnly)
 	if *statePath != "" {
 		if _, err := cp.apply(*statePath); err != nil {
 			fmt.Fprintf(os.Stderr, "gcp-server: initial state: %v\n", err)
@@ -285,11 +308,41 @@ func main() {
 		os.Exit(1)
 	}
 	grpcServer := grpc.NewServer()
-	xdstest.RegisterServer(grpcServer, server.NewServer(context.Background(), cp.mux, callbacks(ev)))
+	srv := server.NewServer(context.Background(), cp.mux, callbacks(ev))
+	if *sotwOnly {
+		registerSotwOnly(grpcServer, srv)
+	} else {
+		xdstest.RegisterServer(grpcServer, srv)
+	}
 	ev.emit(map[string]any{"event": "listening", "addr": lis.Addr().String()})
 	go commands(cp, ev)
 	if err := grpcServer.Serve(lis); err != nil {
 		fmt.Fprintf(os.Stderr, "gcp-server: %v\n", err)
 		os.Exit(1)
+	}
+}
+
+// registerSotwOnly registers the services xdstest.RegisterServer does, less every Delta method
+// (and the Delta-only VirtualHostDiscoveryService): grpc-go answers a call to a method it does not
+// know with UNIMPLEMENTED, as a server without Delta support does.
+func registerSotwOnly(grpcServer *grpc.Server, srv server.Server) {
+	for _, desc := range []*grpc.ServiceDesc{
+		&discovery.AggregatedDiscoveryService_ServiceDesc,
+		&endpointservice.EndpointDiscoveryService_ServiceDesc,
+		&clusterservice.ClusterDiscoveryService_ServiceDesc,
+		&routeservice.RouteDiscoveryService_ServiceDesc,
+		&routeservice.ScopedRoutesDiscoveryService_ServiceDesc,
+		&listenerservice.ListenerDiscoveryService_ServiceDesc,
+		&secretservice.SecretDiscoveryService_ServiceDesc,
+		&runtimeservice.RuntimeDiscoveryService_ServiceDesc,
+	} {
+		sotw := *desc
+		sotw.Streams = nil
+		for _, s := range desc.Streams {
+			if !strings.HasPrefix(s.StreamName, "Delta") {
+				sotw.Streams = append(sotw.Streams, s)
+			}
+		}
+		grpcServer.RegisterService(&sotw, srv)
 	}
 }
