@@ -334,12 +334,7 @@ async fn one_stream(
             }
             msg = next_message(&mut inbound) => {
                 let resp = msg?.ok_or(SessionError::Closed)?;
-                backoff.reset();
-                attempt.answered = true;
-                reached.store(true, Ordering::Relaxed);
-                if unanswered.remove(&resp.type_url) {
-                    lock(&group.status).unanswered_types.retain(|t| *t != resp.type_url);
-                }
+                answered(group, reached, backoff, attempt, &mut unanswered, &resp.type_url);
                 let reply = on_response(group, protocol, resp, reconciliation.as_mut())?;
                 if let Some(r) = reconciliation.take_if(|r| !r.is_awaiting()) {
                     report_reconciliation(group, r);
@@ -408,12 +403,7 @@ async fn one_sotw_stream(
             }
             msg = next_message(&mut inbound) => {
                 let resp = msg?.ok_or(SessionError::Closed)?;
-                backoff.reset();
-                attempt.answered = true;
-                reached.store(true, Ordering::Relaxed);
-                if unanswered.remove(&resp.type_url) {
-                    lock(&group.status).unanswered_types.retain(|t| *t != resp.type_url);
-                }
+                answered(group, reached, backoff, attempt, &mut unanswered, &resp.type_url);
                 let (type_url, nonce) = (resp.type_url.clone(), resp.nonce.clone());
                 let outcome = session
                     .on_response(&mut write(&group.state), resp, Instant::now())
@@ -437,6 +427,25 @@ async fn one_sotw_stream(
                 }
             }
         }
+    }
+}
+
+/// The stream got a response of `type_url`: the upstream is alive and that type answered.
+fn answered(
+    group: &Group,
+    reached: &AtomicBool,
+    backoff: &mut Backoff,
+    attempt: &mut Attempt,
+    unanswered: &mut std::collections::BTreeSet<String>,
+    type_url: &str,
+) {
+    backoff.reset();
+    attempt.answered = true;
+    reached.store(true, Ordering::Relaxed);
+    if unanswered.remove(type_url) {
+        lock(&group.status)
+            .unanswered_types
+            .retain(|t| t != type_url);
     }
 }
 

@@ -36,58 +36,17 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::envoy::{free_port, Envoy};
+use support::fleet::{backend, get, has_cluster, has_endpoint, process_events, strings};
 use support::gcp::{
     cluster, listener, load_assignment, route_config, state, GoControlPlane, CLUSTER_TYPE,
     ENDPOINT_TYPE, LISTENER_TYPE,
 };
-use support::{http_get, RelayUnderTest};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use support::RelayUnderTest;
 
 /// The node id the relay presents upstream, and go-control-plane's snapshot key.
 const NODE: &str = "relay-gcp-interop";
 const LINGER: Duration = Duration::from_secs(2);
 const CONVERGE: Duration = Duration::from_secs(60);
-
-/// An HTTP backend answering every request with `name`; returns its port.
-async fn backend(name: &'static str) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut conn, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let reply = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}",
-                    name.len()
-                );
-                let _ = conn.write_all(reply.as_bytes()).await;
-            });
-        }
-    });
-    port
-}
-
-/// GET `path` through the Envoys' shared listener port (HTTP/1.1: Envoy refuses 1.0);
-/// returns (status, body).
-async fn get(port: u16, path: &str) -> (u16, String) {
-    let (code, text) = http_get(([127, 0, 0, 1], port).into(), path).await;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
-}
 
 /// With GCP_EVENTS_DUMP=DIR, writes go-control-plane's events to DIR/`test`.jsonl for a look.
 fn dump(gcp: &GoControlPlane, test: &str) {
@@ -122,19 +81,6 @@ async fn converge(envoys: &mut [Envoy], path: &str, what: &str, ok: impl Fn(&str
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-}
-
-/// True if Envoy's /clusters page lists cluster `name` with an endpoint on `port`.
-fn has_endpoint(clusters: &str, name: &str, port: u16) -> bool {
-    clusters
-        .lines()
-        .any(|l| l.starts_with(&format!("{name}::127.0.0.1:{port}::")))
-}
-
-fn has_cluster(clusters: &str, name: &str) -> bool {
-    clusters
-        .lines()
-        .any(|l| l.starts_with(&format!("{name}::")))
 }
 
 /// `http.ingress.downstream_rq_2xx` of one Envoy.
@@ -198,18 +144,6 @@ async fn eventually_answers(port: u16, path: &str, want: &str) {
     }
 }
 
-/// Events of the go-control-plane process started `nth` (0 = first; each begins with `listening`).
-fn process_events(events: &[Value], nth: usize) -> Vec<Value> {
-    let starts: Vec<usize> = events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e["event"] == "listening")
-        .map(|(i, _)| i)
-        .collect();
-    let end = starts.get(nth + 1).copied().unwrap_or(events.len());
-    events[starts[nth]..end].to_vec()
-}
-
 /// Per stream (Delta only): the names currently subscribed for `type_url`, replaying subscribe
 /// and unsubscribe lists in order.
 fn delta_subscriptions(events: &[Value], type_url: &str) -> BTreeMap<i64, BTreeSet<String>> {
@@ -227,12 +161,6 @@ fn delta_subscriptions(events: &[Value], type_url: &str) -> BTreeMap<i64, BTreeS
         }
     }
     subs
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| a.iter().map(|s| s.as_str().unwrap().to_string()).collect())
-        .unwrap_or_default()
 }
 
 /// GETs `path` through the listener every 20 ms in the background, recording (status, body).

@@ -38,12 +38,13 @@ use std::time::{Duration, Instant};
 use adsrelay::config::{Config, SnapshotConfig, UpstreamProtocol};
 use serde_json::{json, Value};
 use support::envoy::{free_port, Envoy};
+use support::fleet::{backend, get, has_cluster, has_endpoint, process_events, strings};
 use support::gcp::{
     cluster, listener, load_assignment, route_config, state, GoControlPlane, CLUSTER_TYPE,
     ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE,
 };
 use support::{hold_port, http_get};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
@@ -220,45 +221,6 @@ impl Drop for Relay {
 
 // --- Envoys and their traffic (the patterns of tests/go_control_plane_interop.rs) ---------------
 
-/// An HTTP backend answering every request with `name`; returns its port.
-async fn backend(name: &'static str) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut conn, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let reply = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}",
-                    name.len()
-                );
-                let _ = conn.write_all(reply.as_bytes()).await;
-            });
-        }
-    });
-    port
-}
-
-/// GET `path` through the Envoys' shared listener port; returns (status, body).
-async fn get(port: u16, path: &str) -> (u16, String) {
-    let (code, text) = http_get(([127, 0, 0, 1], port).into(), path).await;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
-}
-
 /// Waits until every Envoy's `path` admin page satisfies `ok`, with diagnostics on timeout.
 async fn converge(envoys: &mut [Envoy], path: &str, what: &str, ok: impl Fn(&str) -> bool) {
     let deadline = tokio::time::Instant::now() + CONVERGE;
@@ -276,19 +238,6 @@ async fn converge(envoys: &mut [Envoy], path: &str, what: &str, ok: impl Fn(&str
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-}
-
-/// True if Envoy's /clusters page lists cluster `name` with an endpoint on `port`.
-fn has_endpoint(clusters: &str, name: &str, port: u16) -> bool {
-    clusters
-        .lines()
-        .any(|l| l.starts_with(&format!("{name}::127.0.0.1:{port}::")))
-}
-
-fn has_cluster(clusters: &str, name: &str) -> bool {
-    clusters
-        .lines()
-        .any(|l| l.starts_with(&format!("{name}::")))
 }
 
 /// True if Envoy's /listeners page lists listener `name`.
@@ -432,24 +381,6 @@ fn assert_sotw_streams(gcp: &GoControlPlane, streams: usize, groups: &[&str]) {
         nacks.is_empty(),
         "the relay NACKed go-control-plane: {nacks:?}"
     );
-}
-
-/// Events of the go-control-plane process started `nth` (0 = first; each begins with `listening`).
-fn process_events(events: &[Value], nth: usize) -> Vec<Value> {
-    let starts: Vec<usize> = events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e["event"] == "listening")
-        .map(|(i, _)| i)
-        .collect();
-    let end = starts.get(nth + 1).copied().unwrap_or(events.len());
-    events[starts[nth]..end].to_vec()
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| a.iter().map(|s| s.as_str().unwrap().to_string()).collect())
-        .unwrap_or_default()
 }
 
 // --- 1 and 2: an Envoy fleet, changes, removals, a go-control-plane restart ---------------------

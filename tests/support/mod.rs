@@ -5,6 +5,7 @@
 
 pub mod envoy;
 pub mod faults;
+pub mod fleet;
 pub mod gcp;
 pub mod jcp;
 pub mod scripted;
