@@ -8,10 +8,11 @@
 #   FUZZ_TARGETS="constraints delta_requests" scripts/fuzz.sh 60    a subset
 #   scripts/fuzz.sh --seeds                  regenerate fuzz/corpus/<target>/seed-* (then commit)
 #
-# The gate replays every committed seed and past crash, then makes a fixed number of mutations
-# (FUZZ_GATE_RUNS, default 20000) from a fixed seed, starting from the committed inputs only: the same
-# commit gets the same verdict on every machine, and a gate run cannot fail for a bug a change did not
-# bring. Exploration is time-bounded, uses (and grows) the local corpus in fuzz/target/corpus, and
+# The gate runs every committed seed and past crash once, then makes a fixed number of mutations
+# (FUZZ_GATE_RUNS, default 20000) from a fixed seed and an empty corpus: nothing depends on the order
+# a directory lists its files in (libFuzzer's load order, hence its mutations, follows it, and it
+# differs between clones), so the same commit gets the same verdict on every machine, and a gate
+# run cannot fail for a bug a change did not bring. Exploration is time-bounded, uses (and grows) the local corpus in fuzz/target/corpus, and
 # explores differently on each run unless FUZZ_SEED is set; what it finds goes to fuzz/regressions/.
 #
 # Toolchain: nightly when installed, else stable with RUSTC_BOOTSTRAP=1 (cargo-fuzz needs -Z flags).
@@ -71,15 +72,20 @@ for t in "${targets[@]}"; do
     log="target/fuzz-$t.log"
     status=0
     if $gate; then
-        # A fresh, empty directory first: libFuzzer writes what it finds there, and the local
-        # corpus of earlier explorations is left out so every machine starts from the same inputs.
+        # Two steps, neither depending on the order a directory lists its files in (which differs
+        # between clones, and libFuzzer's load order, hence its mutations, follows it): every
+        # committed input run once; then mutations from an empty corpus and a fixed seed.
         work="target/gate-corpus/$t"
         rm -rf "$work"
         mkdir -p "$work"
-        echo "== $t: committed inputs, then $runs runs from seed 1"
-        cargo "${toolchain[@]}" fuzz run -s "$sanitizer" "$t" "$work" "${committed[@]}" -- \
-            -runs="$runs" -seed=1 -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
-            >"$log" 2>&1 || status=$?
+        echo "== $t: committed inputs once each, then $runs runs from seed 1 and an empty corpus"
+        cargo "${toolchain[@]}" fuzz run -s "$sanitizer" "$t" "${committed[@]}" -- \
+            -runs=0 -timeout=10 -rss_limit_mb=2048 >"$log" 2>&1 || status=$?
+        if ((status == 0)); then
+            cargo "${toolchain[@]}" fuzz run -s "$sanitizer" "$t" "$work" -- \
+                -runs="$runs" -seed=1 -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
+                >>"$log" 2>&1 || status=$?
+        fi
     else
         work="target/corpus/$t"
         mkdir -p "$work"
