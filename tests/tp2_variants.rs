@@ -862,3 +862,66 @@ fn a20_e16_a_variant_two_locators_selected_is_removed_once() {
     let removed: Vec<_> = out.iter().flat_map(|r| &r.removed_resource_names).collect();
     assert_eq!(removed.len(), 1, "removed once: {out:?}");
 }
+
+/// E16 with two locators: a variant removal names one wire identity (name and constraints), so
+/// once it went out for one of the name's locators, the client holds that variant under none of
+/// them; re-subscribing the other locator must not remove it a second time. Fuzzing found the
+/// relay doing so (regressions/delta_requests/variant-removed-for-one-locator-is-gone-for-both).
+#[test]
+fn e16_a_variant_removed_for_one_locator_is_gone_for_every_locator_that_selected_it() {
+    use adsrelay::pb::rpc::Status;
+    use adsrelay::xds::{ChangeSet, DeltaStream, Store};
+    let answer = |nonce: &str, nack: bool| DeltaDiscoveryRequest {
+        type_url: EDS.into(),
+        response_nonce: nonce.into(),
+        error_detail: nack.then(|| Status {
+            code: 3,
+            message: "rejected".into(),
+            details: vec![],
+        }),
+        ..Default::default()
+    };
+    let zone = ResourceLocator {
+        name: "c".into(),
+        dynamic_parameters: HashMap::from([
+            ("env".to_string(), "prod".to_string()),
+            ("zone".to_string(), "z1".to_string()),
+        ]),
+    };
+    let mut s = DeltaStream::new();
+    s.on_request(&subscribe_locators(vec![locator("c", "prod"), zone.clone()]))
+        .unwrap();
+    let store = Store::complete(vec![variant("c", "prod", "1")]);
+    let first = drain(&mut s, &store);
+    assert_eq!(first[0].resources.len(), 1, "sent once (A20)");
+    s.on_request(&answer(&first[0].nonce, false)).unwrap();
+
+    // The variant goes; the client rejects the removal and keeps c{env=prod} (A23).
+    let store = Store::complete(vec![]);
+    s.on_change(&ChangeSet {
+        type_url: EDS.into(),
+        names: vec!["c".into()],
+        ..Default::default()
+    });
+    let removal = drain(&mut s, &store);
+    s.on_request(&answer(&removal[0].nonce, true)).unwrap();
+
+    // Re-subscribing one locator removes the variant again, and the client accepts.
+    s.on_request(&subscribe_locators(vec![locator("c", "prod")]))
+        .unwrap();
+    let again = drain(&mut s, &store);
+    let removed: Vec<_> = again
+        .iter()
+        .flat_map(|r| &r.removed_resource_names)
+        .collect();
+    assert_eq!(removed.len(), 1, "{again:?}");
+    s.on_request(&answer(&again[0].nonce, false)).unwrap();
+
+    // The client holds no c{env=prod} under any locator now: nothing more to remove.
+    s.on_request(&subscribe_locators(vec![zone])).unwrap();
+    let after = drain(&mut s, &store);
+    assert!(
+        after.iter().all(|r| r.removed_resource_names.is_empty()),
+        "a variant the client no longer holds was removed again: {after:?}"
+    );
+}

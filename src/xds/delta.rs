@@ -165,6 +165,23 @@ impl TypeState {
         before
     }
 
+    /// A variant removal sent for `l` takes the variant (one wire identity: name and constraints)
+    /// from the client, whichever of the name's locators selected it (E16): the name's other
+    /// locators that held the same variant hold nothing now, and must not remove it again.
+    fn unhold_variant_elsewhere(&mut self, l: &Locator, key: &ConstraintKey) {
+        let from = Locator::with_params(l.name.clone(), super::resource::no_params());
+        let others: Vec<Locator> = self
+            .known
+            .range(from..)
+            .take_while(|(k, _)| k.name == l.name)
+            .filter(|(k, h)| *k != l && h.constraints().is_some() && h.key() == key)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in others {
+            self.unhold(&k);
+        }
+    }
+
     /// The client dropped `l` itself: nothing of it is held or to restore.
     fn forget(&mut self, l: &Locator) {
         self.known.remove(l);
@@ -1248,7 +1265,12 @@ impl DeltaStream {
         let remove = |ts: &mut TypeState, out: &mut Builder| {
             let held = ts.unhold(l);
             match held.as_ref().and_then(Held::constraints) {
-                Some(c) if !by_name => out.remove_variant(&l.name, c),
+                Some(c) if !by_name => {
+                    out.remove_variant(&l.name, c);
+                    if let Some(h) = &held {
+                        ts.unhold_variant_elsewhere(l, h.key());
+                    }
+                }
                 _ => {
                     // A25: what was sent for an alias is removed under the name it was sent with.
                     let name = match &held {
@@ -1284,9 +1306,10 @@ impl DeltaStream {
                 let rejected = ts.was_rejected(l, Some(r));
                 if forced || !(held.is_some_and(|h| h.is(r)) || rejected) {
                     // E14: a locator subscriber switching variants is told the old one is gone.
-                    if let Some((key, Some(c))) = held.map(|h| (h.key(), h.constraints())) {
-                        if !by_name && *key != r.key {
+                    if let Some((key, Some(c))) = held.map(|h| (h.key().clone(), h.constraints())) {
+                        if !by_name && key != r.key {
                             out.remove_variant(&l.name, c);
+                            ts.unhold_variant_elsewhere(l, &key);
                         }
                     }
                     if out.add(r, by_name) {
