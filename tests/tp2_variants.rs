@@ -889,8 +889,11 @@ fn e16_a_variant_removed_for_one_locator_is_gone_for_every_locator_that_selected
         ]),
     };
     let mut s = DeltaStream::new();
-    s.on_request(&subscribe_locators(vec![locator("c", "prod"), zone.clone()]))
-        .unwrap();
+    s.on_request(&subscribe_locators(vec![
+        locator("c", "prod"),
+        zone.clone(),
+    ]))
+    .unwrap();
     let store = Store::complete(vec![variant("c", "prod", "1")]);
     let first = drain(&mut s, &store);
     assert_eq!(first[0].resources.len(), 1, "sent once (A20)");
