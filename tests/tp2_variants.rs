@@ -756,14 +756,14 @@ fn e09_locator_with_the_default_parameters_does_not_take_over_what_the_wildcard_
     assert!(variant_removals.is_empty(), "{variant_removals:?}");
 }
 
-/// E16: a variant removal names only a variant the client holds, and a client that rejected a
+/// E17: a variant removal names only a variant the client holds, and a client that rejected a
 /// removal still holds the variant. Here a locator subscriber receives `c{env=prod}`, rejects the
 /// response that removes it (so it keeps it, A23), and subscribes to it again (A7): it must be told
 /// of the removal again, by the variant's constraints. A subscriber whose variant never reached it
 /// is told the name does not exist by name (`removed_resources`), never with constraints it was
 /// never sent.
 #[test]
-fn e16_variant_removal_names_only_a_variant_the_client_holds_including_one_kept_by_a_nack() {
+fn e17_variant_removal_names_only_a_variant_the_client_holds_including_one_kept_by_a_nack() {
     use adsrelay::pb::rpc::Status;
     use adsrelay::xds::{ChangeSet, DeltaStream, Store};
     let changed = |name: &str| ChangeSet {
@@ -836,7 +836,7 @@ fn e16_variant_removal_names_only_a_variant_the_client_holds_including_one_kept_
 /// A20 for variant removals: two locators of one name whose parameter sets select the same variant
 /// hold it under one wire identity, so its removal is listed once (found by fuzzing, issue 32).
 #[test]
-fn a20_e16_a_variant_two_locators_selected_is_removed_once() {
+fn a20_e17_a_variant_two_locators_selected_is_removed_once() {
     use adsrelay::xds::{ChangeSet, DeltaStream, Store};
     let mut s = DeltaStream::new();
     let zone = ResourceLocator {
@@ -863,12 +863,12 @@ fn a20_e16_a_variant_two_locators_selected_is_removed_once() {
     assert_eq!(removed.len(), 1, "removed once: {out:?}");
 }
 
-/// E16 with two locators: a variant removal names one wire identity (name and constraints), so
+/// E17 with two locators: a variant removal names one wire identity (name and constraints), so
 /// once it went out for one of the name's locators, the client holds that variant under none of
 /// them; re-subscribing the other locator must not remove it a second time. Fuzzing found the
 /// relay doing so (regressions/delta_requests/variant-removed-for-one-locator-is-gone-for-both).
 #[test]
-fn e16_a_variant_removed_for_one_locator_is_gone_for_every_locator_that_selected_it() {
+fn e17_a_variant_removed_for_one_locator_is_gone_for_every_locator_that_selected_it() {
     use adsrelay::pb::rpc::Status;
     use adsrelay::xds::{ChangeSet, DeltaStream, Store};
     let answer = |nonce: &str, nack: bool| DeltaDiscoveryRequest {

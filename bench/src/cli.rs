@@ -18,6 +18,16 @@ pub enum ChurnKind {
     Reconnect,
 }
 
+/// The control plane behind the relay under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RelayUpstream {
+    /// The project's demo control plane, in loadgen's process.
+    Demo,
+    /// go-control-plane (bench/gcp-baseline) in a child process.
+    Gcp,
+}
+
 /// Load generator for adsrelay: N simulated xDS clients against the relay (and, with --compare,
 /// against a plain tonic control plane and against the pre-framed floor, side by side).
 #[derive(Debug, Clone, Parser, Serialize)]
@@ -109,6 +119,22 @@ pub struct Args {
     /// machines over a complete store).
     #[arg(long)]
     pub with_demo: bool,
+    /// Also run the same clients directly against go-control-plane (bench/gcp-baseline, one
+    /// snapshot for the fleet), the control plane most users would otherwise serve them from.
+    #[arg(long)]
+    pub with_gcp: bool,
+    /// The relay's upstream: the project's demo control plane in this process, or go-control-plane
+    /// in a child process (on loadgen's CPU when pinned).
+    #[arg(long, value_enum, default_value_t = RelayUpstream::Demo)]
+    pub relay_upstream: RelayUpstream,
+    /// Also run the relay with `--upstream-protocol sotw` (target `relay-sotwup`), beside the
+    /// relay over Delta, against the same upstream.
+    #[arg(long)]
+    pub also_sotw_upstream: bool,
+    /// go-control-plane's baseline binary (default: target/interop/gcp-baseline, built by
+    /// scripts/setup-bench.sh).
+    #[arg(long)]
+    pub gcp_bin: Option<PathBuf>,
     /// Internal: serve this baseline in a child process (loadgen starts these itself).
     #[arg(long, hide = true, value_enum)]
     pub serve: Option<crate::server_proc::Baseline>,
@@ -202,6 +228,13 @@ impl Args {
         }
         if self.with_demo && !self.compare {
             return Err("--with-demo needs --compare".into());
+        }
+        if self.relay_addr.is_some()
+            && (self.relay_upstream != RelayUpstream::Demo || self.also_sotw_upstream)
+        {
+            return Err(
+                "--relay-addr (attach) uses --upstream-listen's demo control plane; --relay-upstream and --also-sotw-upstream need a started relay".into(),
+            );
         }
         if self.relay_addr.is_some() && self.relay_bin.is_some() {
             return Err("--relay-addr (attach) and --relay-bin (start) exclude each other".into());

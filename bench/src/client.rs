@@ -20,7 +20,7 @@ use adsrelay::pb::discovery::aggregated_discovery_service_client::AggregatedDisc
 use adsrelay::pb::discovery::{DeltaDiscoveryRequest, DiscoveryRequest};
 
 use crate::measure::RunCtx;
-use crate::workload::{parse_index, parse_version, version_string, Kind};
+use crate::workload::{parse_index, parse_version, version_string, Kind, SyntheticBody};
 
 const ABSENT: u32 = u32::MAX;
 const DELTA_PATH: &str =
@@ -42,13 +42,35 @@ pub struct LiteResponse {
     pub removed_resources: Vec<String>,
 }
 
-/// `envoy.service.discovery.v3.Resource`: name and version only.
+/// `envoy.service.discovery.v3.Resource`: name, version and the body undecoded.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct LiteResource {
     #[prost(string, tag = "1")]
     pub version: String,
+    #[prost(message, optional, tag = "2")]
+    pub resource: Option<LiteAny>,
     #[prost(string, tag = "3")]
     pub name: String,
+}
+
+/// `google.protobuf.Any` with its value left as shared bytes (no copy unless read).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LiteAny {
+    #[prost(bytes = "bytes", tag = "2")]
+    pub value: bytes::Bytes,
+}
+
+impl LiteResource {
+    /// (index, generation): from the version when the server kept the workload's (`uG`), else
+    /// from the body (a server that derives versions from the bytes: a SotW upstream behind the
+    /// relay, go-control-plane).
+    fn held(&self) -> Option<(u32, u32)> {
+        let i = parse_index(&self.name)?;
+        match parse_version(&self.version) {
+            Some(v) => Some((i, v)),
+            None => SyntheticBody::parse(&self.resource.as_ref()?.value).map(|(_, v)| (i, v)),
+        }
+    }
 }
 
 /// Which xDS variant the simulated clients speak.
@@ -119,7 +141,7 @@ impl ClientState {
             return 0;
         };
         for res in &r.resources {
-            let (Some(i), Some(v)) = (parse_index(&res.name), parse_version(&res.version)) else {
+            let Some((i, v)) = res.held() else {
                 continue;
             };
             self.set(kind, i, v);
@@ -447,15 +469,10 @@ pub async fn run_delta(
     }
 }
 
-/// (index, version) from a State-of-the-World resource: the `Any` carries no version, but the
-/// synthetic body starts with `<name>@<version>:` (see `workload::encode_resource`).
+/// (index, version) from a State-of-the-World resource: the `Any` carries no version, the
+/// synthetic body does (see `workload::SyntheticBody`).
 fn sotw_entry(any: &prost_types::Any) -> Option<(u32, u32)> {
-    let v = &any.value;
-    let head = &v[..v.len().min(64)];
-    let colon = head.iter().position(|&b| b == b':')?;
-    let head = std::str::from_utf8(&head[..colon]).ok()?;
-    let (name, version) = head.split_once('@')?;
-    Some((parse_index(name)?, parse_version(version)?))
+    SyntheticBody::parse(&any.value)
 }
 
 /// The SotW request for `kind`: Clusters and Listeners by wildcard (empty names), EDS by name.

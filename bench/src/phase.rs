@@ -16,6 +16,7 @@ use tonic::transport::Endpoint;
 
 use adsrelay::demo::ControlPlane;
 
+use crate::cli::RelayUpstream;
 use crate::cli::{Args, ChurnKind};
 use crate::client::{self, Ctrl, Protocol};
 use crate::measure::{self, cdf, new_histogram, Dist, RunCtx, UpdateResult, UpstreamFigures};
@@ -30,7 +31,10 @@ use crate::workload::{build_resources, Versions, Workload};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
+    /// The relay over `--relay-upstream`, Delta upstream.
     Relay,
+    /// The same relay over the same upstream with `--upstream-protocol sotw`.
+    RelaySotwUpstream,
     /// A baseline served by a `loadgen --serve` child process.
     Baseline(Baseline),
 }
@@ -39,6 +43,7 @@ impl Target {
     pub fn name(self) -> &'static str {
         match self {
             Target::Relay => "relay",
+            Target::RelaySotwUpstream => "relay-sotwup",
             Target::Baseline(b) => b.name(),
         }
     }
@@ -409,19 +414,42 @@ pub async fn run(
     let mut relay_proc = None;
 
     // The upstream and the address clients connect to.
+    let gcp_bin = args
+        .gcp_bin
+        .clone()
+        .unwrap_or_else(crate::server_proc::default_gcp_bin);
     let (mut upstream, addr, pid) = match target {
         Target::Baseline(b) => {
-            let p = ServerProcess::start(b, &workload, args.pin, timeout).await?;
+            let p = ServerProcess::start(b, &workload, args.pin, &gcp_bin, timeout).await?;
             progress.line(format!("{}: pid {} on {}", b.name(), p.pid, p.addr));
             let (addr, pid) = (p.addr, p.pid);
             (Upstream::Child(Box::new(p)), addr, Some(pid))
         }
-        Target::Relay => {
-            let (cp, cp_addr, stop) =
-                start_control_plane(&workload, args.upstream_listen, &mut servers).await?;
-            let up = Upstream::Cp {
-                cp,
-                stop: Some(stop),
+        Target::Relay | Target::RelaySotwUpstream => {
+            let (up, cp_addr) = match args.relay_upstream {
+                RelayUpstream::Demo => {
+                    let (cp, cp_addr, stop) =
+                        start_control_plane(&workload, args.upstream_listen, &mut servers).await?;
+                    let up = Upstream::Cp {
+                        cp,
+                        stop: Some(stop),
+                    };
+                    (up, cp_addr)
+                }
+                RelayUpstream::Gcp => {
+                    // Not pinned to the server's CPU: it inherits loadgen's, as the in-process
+                    // demo control plane runs there.
+                    let p =
+                        ServerProcess::start(Baseline::Gcp, &workload, false, &gcp_bin, timeout)
+                            .await?;
+                    let a = p.addr;
+                    (Upstream::Child(Box::new(p)), a)
+                }
+            };
+            let protocol = if target == Target::RelaySotwUpstream {
+                "sotw"
+            } else {
+                "delta"
             };
             match args.relay_addr {
                 Some(a) => (up, a, args.relay_pid),
@@ -438,13 +466,15 @@ pub async fn run(
                         &bin,
                         cp_addr,
                         &args.unsubscribe_linger,
+                        protocol,
                         args.pin,
                         log,
                         timeout,
                     )
                     .await?;
                     progress.line(format!(
-                        "relay: {} pid {} on {} (upstream {cp_addr}), log {}",
+                        "{}: {} pid {} on {} (upstream {cp_addr}, {protocol}), log {}",
+                        target.name(),
                         bin.display(),
                         r.pid,
                         r.xds,
@@ -709,7 +739,7 @@ pub async fn run(
     };
 
     let soak = match target {
-        Target::Relay if args.soak_cycles > 0 => {
+        Target::Relay | Target::RelaySotwUpstream if args.soak_cycles > 0 => {
             let admin = relay_proc.as_ref().map(|r| r.admin);
             Some(soak(args, addr, &ctx, pid, admin, progress).await)
         }

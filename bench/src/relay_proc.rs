@@ -64,6 +64,7 @@ impl RelayProcess {
         bin: &Path,
         upstream: SocketAddr,
         linger: &str,
+        upstream_protocol: &str,
         pin: bool,
         log: PathBuf,
         timeout: Duration,
@@ -81,6 +82,8 @@ impl RelayProcess {
             .arg(admin.to_string())
             .arg("--unsubscribe-linger")
             .arg(linger)
+            .arg("--upstream-protocol")
+            .arg(upstream_protocol)
             .stdin(std::process::Stdio::null())
             .stdout(file)
             .stderr(err)

@@ -178,6 +178,10 @@ pub struct Ratios {
     pub relay_over_plain: Option<Ratio>,
     pub relay_over_floor: Option<Ratio>,
     pub relay_over_demo: Option<Ratio>,
+    /// The relay against go-control-plane serving the same clients directly.
+    pub relay_over_gcp: Option<Ratio>,
+    /// The relay over a SotW upstream against the same relay over Delta, same upstream.
+    pub sotw_upstream_over_delta_upstream: Option<Ratio>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -229,6 +233,8 @@ pub fn ratios(phases: &[PhaseReport]) -> Ratios {
         relay_over_plain: find("plain").map(|d| ratio(relay, d)),
         relay_over_floor: find("floor").map(|f| ratio(relay, f)),
         relay_over_demo: find("demo").map(|d| ratio(relay, d)),
+        relay_over_gcp: find("gcp").map(|g| ratio(relay, g)),
+        sotw_upstream_over_delta_upstream: find("relay-sotwup").map(|r| ratio(r, relay)),
     }
 }
 
@@ -405,7 +411,7 @@ pub fn summary(r: &RunReport) -> String {
                 s,
                 "{:<7} {}: {} streams opened, {} requests; loadgen CPU {:.2} s",
                 p.target,
-                if p.target == "relay" {
+                if p.target.starts_with("relay") {
                     "upstream"
                 } else {
                     "server saw"
@@ -510,6 +516,11 @@ pub fn summary(r: &RunReport) -> String {
         ("relay/plain", &r.ratios.relay_over_plain),
         ("relay/floor", &r.ratios.relay_over_floor),
         ("relay/demo", &r.ratios.relay_over_demo),
+        ("relay/gcp", &r.ratios.relay_over_gcp),
+        (
+            "relay-sotwup/relay",
+            &r.ratios.sotw_upstream_over_delta_upstream,
+        ),
     ] {
         if let Some(x) = ra {
             let _ = writeln!(

@@ -8,6 +8,7 @@
 
 use std::io::Write as _;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,17 @@ use crate::measure::UpstreamFigures;
 use crate::plain::PlainControlPlane;
 use crate::workload::{build_resources, Changed, Versions, Workload};
 
+/// go-control-plane's baseline binary: `gcp-baseline` next to loadgen's target directory
+/// (scripts/setup-bench.sh builds it into target/interop), else that path from the working
+/// directory.
+pub fn default_gcp_bin() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| Some(p.parent()?.parent()?.join("interop/gcp-baseline")))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("target/interop/gcp-baseline"))
+}
+
 /// A baseline server loadgen can run as a child process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -33,6 +45,10 @@ pub enum Baseline {
     Floor,
     /// The project's demo control plane (`adsrelay::demo::ControlPlane`).
     Demo,
+    /// go-control-plane v0.14 (`server/v3` + one `SnapshotCache` snapshot for the fleet), the
+    /// control plane most users run: bench/gcp-baseline, a Go program speaking this module's
+    /// protocol.
+    Gcp,
 }
 
 impl Baseline {
@@ -41,6 +57,7 @@ impl Baseline {
             Baseline::Plain => "plain",
             Baseline::Floor => "floor",
             Baseline::Demo => "demo",
+            Baseline::Gcp => "gcp",
         }
     }
 }
@@ -60,15 +77,29 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// Starts `loadgen --serve <which>` serving `workload`; waits for its address.
+    /// Starts `loadgen --serve <which>` (for `gcp`: `gcp_bin`) serving `workload`; waits for
+    /// its address. `pin`: on the server's CPU (else it shares loadgen's).
     pub async fn start(
         which: Baseline,
         workload: &Workload,
         pin: bool,
+        gcp_bin: &Path,
         timeout: Duration,
     ) -> Result<Self, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
-        let mut cmd = Command::new(exe);
+        let spec = serde_json::to_string(workload).map_err(|e| e.to_string())?;
+        let mut cmd = if which == Baseline::Gcp {
+            let mut c = Command::new(gcp_bin);
+            c.arg("--workload").arg(spec);
+            c
+        } else {
+            let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+            let mut c = Command::new(exe);
+            c.arg("--serve")
+                .arg(which.name())
+                .arg("--serve-workload")
+                .arg(spec);
+            c
+        };
         if pin {
             // SAFETY: between fork and exec only sched_setaffinity runs (async-signal-safe).
             unsafe {
@@ -76,16 +107,18 @@ impl ServerProcess {
             }
         }
         let mut child = cmd
-            .arg("--serve")
-            .arg(which.name())
-            .arg("--serve-workload")
-            .arg(serde_json::to_string(workload).map_err(|e| e.to_string())?)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("start {} server: {e}", which.name()))?;
+            .map_err(|e| match which {
+                Baseline::Gcp => format!(
+                    "start go-control-plane ({}): {e}; build it with scripts/setup-bench.sh",
+                    gcp_bin.display()
+                ),
+                _ => format!("start {} server: {e}", which.name()),
+            })?;
         let pid = child.id().ok_or("server exited at once")?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err("server pipes missing".into());
@@ -194,6 +227,10 @@ pub async fn serve(which: Baseline, workload: Workload) -> ExitCode {
                     .map_err(|e| format!("demo control plane: {e}"))
             }));
             Served::Demo(cp, workload, versions)
+        }
+        Baseline::Gcp => {
+            eprintln!("loadgen --serve gcp: go-control-plane is bench/gcp-baseline, not loadgen");
+            return ExitCode::FAILURE;
         }
     };
     // Plain std I/O on a thread: tokio's "io-std" feature is not enabled in this workspace.

@@ -2,7 +2,7 @@
 //! wildcard) and a pool of ClusterLoadAssignments (each client subscribes to a few by name).
 //! Names are `cluster-K`, `listener-K`, `eds-K`; a resource's version is `uG`, G being the update
 //! that last changed it (0 = initial), so a client can tell from a version string alone whether it
-//! holds an update.
+//! holds an update; the body carries the same (see [`SyntheticBody`]).
 
 use bytes::Bytes;
 use prost::Message;
@@ -171,14 +171,46 @@ impl Versions {
     }
 }
 
-/// The `Any` for (kind, index) at `generation`: an opaque body of `size` bytes that starts with
-/// `<name>@<version>:` (SotW `Any`s carry no version, so clients read it from there).
+/// The body of every synthetic resource, laid out as a real one: field 1 is the name (as in
+/// Cluster, Listener and ClusterLoadAssignment, so a SotW upstream can name it and
+/// go-control-plane can carry it as its own message type), field 1000 the version of the update
+/// that last changed it and field 1001 padding to the requested size. Clients read the version
+/// from here where the server's own versions are not `uG` (SotW `Any`s carry none; a SotW
+/// upstream and go-control-plane derive theirs from the bytes). bench/gcp-baseline builds the
+/// same layout.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SyntheticBody {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "1000")]
+    pub version: String,
+    #[prost(bytes = "vec", tag = "1001")]
+    pub padding: Vec<u8>,
+}
+
+impl SyntheticBody {
+    /// (index, generation) this body carries.
+    pub fn parse(value: &[u8]) -> Option<(u32, u32)> {
+        let b = SyntheticBody::decode(value).ok()?;
+        Some((parse_index(&b.name)?, parse_version(&b.version)?))
+    }
+}
+
+/// The `Any` for (kind, index) at `generation`: a [`SyntheticBody`] of about `size` bytes.
 pub fn resource_any(kind: Kind, index: u32, generation: u32, size: usize) -> prost_types::Any {
-    let mut value = format!("{}@{}:", kind.name(index), version_string(generation)).into_bytes();
-    value.resize(size.max(value.len()), b'x');
+    let mut body = SyntheticBody {
+        name: kind.name(index),
+        version: version_string(generation),
+        padding: Vec::new(),
+    };
+    // The padding field's own tag and length take up to 4 bytes (as gcp-baseline counts them).
+    let base = body.encoded_len();
+    if size > base + 4 {
+        body.padding = vec![0; size - base - 4];
+    }
     prost_types::Any {
         type_url: kind.type_url().into(),
-        value,
+        value: body.encode_to_vec(),
     }
 }
 
@@ -192,8 +224,8 @@ pub fn resource(kind: Kind, index: u32, generation: u32, size: usize) -> Resourc
     }
 }
 
-/// The encoded `envoy.service.discovery.v3.Resource` for (kind, index) at `generation`: an opaque
-/// body of `size` bytes in an `Any` of the kind's type.
+/// The encoded `envoy.service.discovery.v3.Resource` for (kind, index) at `generation`: a body of
+/// about `size` bytes in an `Any` of the kind's type.
 pub fn encode_resource(kind: Kind, index: u32, generation: u32, size: usize) -> Bytes {
     Bytes::from(resource(kind, index, generation, size).encode_to_vec())
 }
@@ -234,6 +266,13 @@ mod tests {
         assert_eq!(r.len(), 57);
         assert_eq!(&*r[0].1.name, "cluster-0");
         assert_eq!(r[0].1.version, "u0");
+        let any = resource_any(Kind::Endpoints, 42, 7, 1024);
+        assert_eq!(SyntheticBody::parse(&any.value), Some((42, 7)));
+        assert!(
+            (1020..=1024).contains(&any.value.len()),
+            "{}",
+            any.value.len()
+        );
     }
 
     #[test]

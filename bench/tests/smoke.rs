@@ -105,3 +105,57 @@ fn loadgen_sotw_smoke_run_with_demo_converges() {
     );
     assert_converged(&report, 50, &["relay", "plain", "floor", "demo"]);
 }
+
+/// go-control-plane's baseline binary, built by scripts/setup-bench.sh (scripts/test.sh runs it).
+fn gcp_bin() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/interop/gcp-baseline");
+    assert!(
+        p.exists(),
+        "{} missing: run scripts/setup-bench.sh (needs Go)",
+        p.display()
+    );
+    p
+}
+
+/// go-control-plane as the relay's upstream over Delta and over SotW, and as the clients' direct
+/// control plane, in one run: every client of every target converges on every update, and the
+/// relay over either protocol shows go-control-plane one stream.
+#[test]
+fn loadgen_smoke_run_behind_go_control_plane_both_upstream_protocols() {
+    let gcp = gcp_bin();
+    let report = run_loadgen(
+        "smoke-gcp",
+        &[
+            "--clients",
+            "100",
+            "--updates",
+            "3",
+            "--storm",
+            "--relay-upstream",
+            "gcp",
+            "--also-sotw-upstream",
+            "--with-gcp",
+            "--gcp-bin",
+            gcp.to_str().expect("utf-8 path"),
+        ],
+    );
+    assert_converged(&report, 100, &["relay", "relay-sotwup", "gcp"]);
+    for i in [0, 1] {
+        let p = &report["phases"][i];
+        assert_eq!(
+            p["upstream"]["streams_opened"].as_u64(),
+            Some(1),
+            "{}: go-control-plane sees one stream",
+            p["target"]
+        );
+    }
+    assert!(
+        report["ratios"]["relay_over_gcp"]["rss_per_client"].as_f64() > Some(0.0),
+        "relay/gcp ratio present"
+    );
+    assert!(
+        report["ratios"]["sotw_upstream_over_delta_upstream"]["rss_per_client"].as_f64()
+            > Some(0.0),
+        "relay-sotwup/relay ratio present"
+    );
+}

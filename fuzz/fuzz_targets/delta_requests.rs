@@ -8,7 +8,7 @@
 //! - every resource sent is in the store at that version and the client subscribed to it
 //!   (explicitly or by wildcard); no name is both added and removed in one response;
 //! - a removal names only something the client held or asked for (A6/A10/A12), a variant removal
-//!   only a variant it holds (E16: including one it kept by rejecting the response that removed
+//!   only a variant it holds (E17: including one it kept by rejecting the response that removed
 //!   it); resource errors only subscribed names;
 //! - nonces are unique;
 //! - after a final drain, every plain-name subscription whose resource the store holds was

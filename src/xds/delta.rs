@@ -166,7 +166,7 @@ impl TypeState {
     }
 
     /// A variant removal sent for `l` takes the variant (one wire identity: name and constraints)
-    /// from the client, whichever of the name's locators selected it (E16): the name's other
+    /// from the client, whichever of the name's locators selected it (E17): the name's other
     /// locators that held the same variant hold nothing now, and must not remove it again.
     fn unhold_variant_elsewhere(&mut self, l: &Locator, key: &ConstraintKey) {
         let from = Locator::with_params(l.name.clone(), super::resource::no_params());

@@ -1160,7 +1160,7 @@ mod tests {
         );
     }
 
-    /// E16, upstream side: the upstream removing a variant the relay never held (or already
+    /// E17, upstream side: the upstream removing a variant the relay never held (or already
     /// removed) changes nothing and tells no one.
     #[test]
     fn removal_of_a_variant_never_held_changes_nothing() {

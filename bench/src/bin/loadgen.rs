@@ -106,6 +106,12 @@ async fn main() -> ExitCode {
         args.connections()
     ));
     let mut targets = vec![Target::Relay];
+    if args.also_sotw_upstream {
+        targets.push(Target::RelaySotwUpstream);
+    }
+    if args.with_gcp {
+        targets.push(Target::Baseline(Baseline::Gcp));
+    }
     if args.compare {
         targets.push(Target::Baseline(Baseline::Plain));
         targets.push(Target::Baseline(Baseline::Floor));
