@@ -40,12 +40,11 @@
 //! One upstream stream per group; all groups present the relay's node id, so they share
 //! java-control-plane's one snapshot.
 //!
-//! Expected to fail until the relay handles the above: `wildcard_type_with_no_resources` (the
-//! relay's upstream stream never gets past java-control-plane's missing response headers, so it
-//! sends no further subscription and /readyz stays 503), and, now and then,
-//! `relay_restart_warm_and_cold_converges_without_nack` (a cold relay whose upstream stream opens
-//! before the first Envoy's subscriptions are applied sends no initial request, and then waits for
-//! headers that never come: java-control-plane saw both streams open and no request).
+//! Two of these failed before the relay's upstream stream stopped waiting for response headers
+//! (it now sends requests and runs its answer wait before they arrive):
+//! `wildcard_type_with_no_resources` (no further subscription went out, /readyz stayed 503), and,
+//! now and then, `relay_restart_warm_and_cold_converges_without_nack` (a cold relay whose upstream
+//! stream opened before the first Envoy's subscriptions were applied sent no request at all).
 
 mod support;
 
