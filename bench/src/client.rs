@@ -61,14 +61,14 @@ pub struct LiteAny {
 }
 
 impl LiteResource {
-    /// (index, generation): from the version when the server kept the workload's (`uG`), else
-    /// from the body (a server that derives versions from the bytes: a SotW upstream behind the
-    /// relay, go-control-plane).
-    fn held(&self) -> Option<(u32, u32)> {
+    /// (index, generation, whether the version is the server's own): from the version when the
+    /// server kept the workload's (`uG`), else from the body (a server that derives versions from
+    /// the bytes: a SotW upstream behind the relay, go-control-plane).
+    fn held(&self) -> Option<(u32, u32, bool)> {
         let i = parse_index(&self.name)?;
         match parse_version(&self.version) {
-            Some(v) => Some((i, v)),
-            None => SyntheticBody::parse(&self.resource.as_ref()?.value).map(|(_, v)| (i, v)),
+            Some(v) => Some((i, v, false)),
+            None => SyntheticBody::parse(&self.resource.as_ref()?.value).map(|(_, v)| (i, v, true)),
         }
     }
 }
@@ -136,14 +136,19 @@ impl ClientState {
     }
 
     /// Records what a response carries; returns the number of resources in it.
-    pub fn apply(&mut self, r: &LiteResponse) -> usize {
+    pub fn apply(&mut self, r: &LiteResponse, ctx: &RunCtx) -> usize {
         let Some(kind) = Kind::from_type_url(&r.type_url) else {
             return 0;
         };
         for res in &r.resources {
-            let Some((i, v)) = res.held() else {
+            let Some((i, v, own_version)) = res.held() else {
                 continue;
             };
+            if own_version {
+                crate::sync::lock(&ctx.server_versions)
+                    .entry((kind as u8, i, v))
+                    .or_insert_with(|| res.version.clone());
+            }
             self.set(kind, i, v);
         }
         for name in &r.removed_resources {
@@ -269,8 +274,9 @@ impl ClientState {
         Some((old, new))
     }
 
-    /// (name -> version) of what this client holds of `kind`, for `initial_resource_versions`.
-    pub fn held_versions(&self, kind: Kind) -> BTreeMap<String, String> {
+    /// (name -> version) of what this client holds of `kind`, for `initial_resource_versions`:
+    /// the version the server sent.
+    pub fn held_versions(&self, kind: Kind, ctx: &RunCtx) -> BTreeMap<String, String> {
         let held: Vec<(u32, u32)> = match kind {
             Kind::Cluster | Kind::Listener => self.wild[kind as usize]
                 .iter()
@@ -279,9 +285,16 @@ impl ClientState {
                 .collect(),
             Kind::Endpoints => self.eds.clone(),
         };
+        let server_versions = crate::sync::lock(&ctx.server_versions);
         held.into_iter()
             .filter(|&(_, v)| v != ABSENT)
-            .map(|(i, v)| (kind.name(i), version_string(v)))
+            .map(|(i, v)| {
+                let version = server_versions
+                    .get(&(kind as u8, i, v))
+                    .cloned()
+                    .unwrap_or_else(|| version_string(v));
+                (kind.name(i), version)
+            })
             .collect()
     }
 }
@@ -311,7 +324,7 @@ fn node(ctx: &RunCtx, id: u32) -> Node {
 /// The requests that open (or reopen) a Delta stream, as Envoy sends them: wildcard Clusters and
 /// Listeners (legacy wildcard: empty first subscribe), named ClusterLoadAssignments, each with the
 /// versions already held.
-fn delta_opening(state: &ClientState, node: Node) -> Vec<DeltaDiscoveryRequest> {
+fn delta_opening(state: &ClientState, node: Node, ctx: &RunCtx) -> Vec<DeltaDiscoveryRequest> {
     let mut out = Vec::with_capacity(3);
     for kind in Kind::ALL {
         out.push(DeltaDiscoveryRequest {
@@ -325,7 +338,7 @@ fn delta_opening(state: &ClientState, node: Node) -> Vec<DeltaDiscoveryRequest> 
                     .collect(),
                 _ => Vec::new(),
             },
-            initial_resource_versions: state.held_versions(kind),
+            initial_resource_versions: state.held_versions(kind, ctx),
             ..Default::default()
         });
     }
@@ -363,7 +376,7 @@ pub async fn run_delta(
     let mut storm_reopen = false;
     while failures < MAX_FAILURES {
         let (tx, rx) = mpsc::channel(16);
-        for req in delta_opening(&state, node(&ctx, id)) {
+        for req in delta_opening(&state, node(&ctx, id), &ctx) {
             let _ = tx.try_send(req);
             ctx.requests.fetch_add(1, Ordering::Relaxed);
         }
@@ -410,7 +423,7 @@ pub async fn run_delta(
             tokio::select! {
                 m = stream.message() => match m {
                     Ok(Some(r)) => {
-                        let n = state.apply(&r);
+                        let n = state.apply(&r, &ctx);
                         ctx.responses.fetch_add(1, Ordering::Relaxed);
                         ctx.resources_received.fetch_add(n as u64, Ordering::Relaxed);
                         let _ = tx.send(ack(&r)).await;
@@ -632,13 +645,14 @@ async fn open_own_stream(
     endpoint: tonic::transport::Endpoint,
     state: &ClientState,
     node: Node,
+    ctx: &RunCtx,
 ) -> Result<OwnStream, String> {
     let channel = endpoint
         .connect()
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let (tx, rx) = mpsc::channel(16);
-    for req in delta_opening(state, node) {
+    for req in delta_opening(state, node, ctx) {
         let _ = tx.try_send(req);
     }
     let mut grpc = tonic::client::Grpc::new(channel);
@@ -672,11 +686,11 @@ pub async fn soak_cycle(
     let session = async {
         let mut state = ClientState::new(id, ctx);
         let ep = endpoint(addr)?.tcp_nodelay(true);
-        let (tx, mut stream) = open_own_stream(ep, &state, node(ctx, id)).await?;
+        let (tx, mut stream) = open_own_stream(ep, &state, node(ctx, id), ctx).await?;
         while !state.complete() {
             match stream.message().await {
                 Ok(Some(r)) => {
-                    state.apply(&r);
+                    state.apply(&r, ctx);
                     let _ = tx.send(ack(&r)).await;
                 }
                 Ok(None) => return Err("stream ended by the server before sync".to_string()),
@@ -703,5 +717,5 @@ pub async fn stuck_client(
         .initial_connection_window_size(Some(65_535));
     let mut stuck_node = node(ctx, id);
     stuck_node.id = format!("loadgen-stuck-{id}");
-    open_own_stream(ep, &ClientState::new(id, ctx), stuck_node).await
+    open_own_stream(ep, &ClientState::new(id, ctx), stuck_node, ctx).await
 }

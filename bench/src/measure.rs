@@ -80,6 +80,10 @@ pub struct RunCtx {
     pub resynced: AtomicUsize,
     /// Microseconds from the storm start to each client's resync.
     pub resync_us: Mutex<Histogram<u64>>,
+    /// The server's version string of (kind, index, generation) where it is not the workload's
+    /// `uG` (go-control-plane and a SotW upstream derive versions from the bytes), so a client
+    /// resumes with the versions it was sent, as Envoy does. Shared: every client is sent the same.
+    pub server_versions: Mutex<std::collections::HashMap<(u8, u32, u32), String>>,
 }
 
 impl RunCtx {
@@ -114,6 +118,7 @@ impl RunCtx {
             storm_start: Mutex::new(None),
             resynced: AtomicUsize::new(0),
             resync_us: Mutex::new(new_histogram()),
+            server_versions: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
