@@ -31,8 +31,6 @@ scripts/setup-go-interop.sh
 scripts/setup-gcp-integration.sh
 scripts/setup-grpc-clients.sh
 scripts/setup-java-interop.sh
-# loadgen's go-control-plane baseline (bench/gcp-baseline), for the load generator's smoke runs.
-scripts/setup-bench.sh
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -132,7 +132,7 @@ pub struct Args {
     #[arg(long)]
     pub also_sotw_upstream: bool,
     /// go-control-plane's baseline binary (default: target/interop/gcp-baseline, built by
-    /// scripts/setup-bench.sh).
+    /// scripts/setup-go-interop.sh).
     #[arg(long)]
     pub gcp_bin: Option<PathBuf>,
     /// Internal: serve this baseline in a child process (loadgen starts these itself).

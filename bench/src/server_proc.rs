@@ -25,7 +25,7 @@ use crate::plain::PlainControlPlane;
 use crate::workload::{build_resources, Changed, Versions, Workload};
 
 /// go-control-plane's baseline binary: `gcp-baseline` next to loadgen's target directory
-/// (scripts/setup-bench.sh builds it into target/interop), else that path from the working
+/// (scripts/setup-go-interop.sh builds it into target/interop), else that path from the working
 /// directory.
 pub fn default_gcp_bin() -> PathBuf {
     std::env::current_exe()
@@ -114,7 +114,7 @@ impl ServerProcess {
             .spawn()
             .map_err(|e| match which {
                 Baseline::Gcp => format!(
-                    "start go-control-plane ({}): {e}; build it with scripts/setup-bench.sh",
+                    "start go-control-plane ({}): {e}; build it with scripts/setup-go-interop.sh",
                     gcp_bin.display()
                 ),
                 _ => format!("start {} server: {e}", which.name()),

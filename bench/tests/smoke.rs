@@ -106,12 +106,12 @@ fn loadgen_sotw_smoke_run_with_demo_converges() {
     assert_converged(&report, 50, &["relay", "plain", "floor", "demo"]);
 }
 
-/// go-control-plane's baseline binary, built by scripts/setup-bench.sh (scripts/test.sh runs it).
+/// go-control-plane's baseline binary, built by scripts/setup-go-interop.sh (scripts/test.sh runs it).
 fn gcp_bin() -> PathBuf {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/interop/gcp-baseline");
     assert!(
         p.exists(),
-        "{} missing: run scripts/setup-bench.sh (needs Go)",
+        "{} missing: run scripts/setup-go-interop.sh (needs Go)",
         p.display()
     );
     p
