@@ -8,16 +8,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
-use dashmap::DashMap;
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 use crate::downstream::Mailbox;
 use crate::grouping::{Assignment, IgnoredFields};
 use crate::pb::core::Node;
-use crate::sync::lock;
+use crate::sync::{lock, read, write};
 use crate::xds::upstream_session::Repairs;
-use crate::xds::{ChangeSet, GroupState, StreamId};
+use crate::xds::{Affected, ChangeSet, GroupState, Slot, SlotAllocator, StreamId};
 
 /// The upstream connection of one group, as operators see it on /readyz.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -68,6 +67,21 @@ pub struct ReconciliationReport {
     pub repairs: BTreeMap<String, Repairs>,
 }
 
+/// The mailboxes of a group's open streams, indexed by slot: a change set's affected slots find
+/// theirs by position (one read lock per change set, not a map lookup per stream).
+#[derive(Debug, Default)]
+struct Mailboxes {
+    slots: SlotAllocator,
+    by_slot: Vec<Option<(StreamId, Arc<Mailbox>)>>,
+}
+
+/// A stream's membership of its group: the group, and the slot the group knows it by.
+#[derive(Debug)]
+pub struct Member {
+    pub group: Arc<Group>,
+    pub slot: Slot,
+}
+
 /// One aggregation group: the downstream clients of one upstream identity.
 #[derive(Debug)]
 pub struct Group {
@@ -76,7 +90,8 @@ pub struct Group {
     /// apply subscriptions, upstream responses and expiry.
     pub state: RwLock<GroupState>,
     pub status: Mutex<UpstreamStatus>,
-    streams: DashMap<StreamId, Arc<Mailbox>>,
+    /// The open streams' mailboxes by slot, the number the core's subscriber sets know them by.
+    streams: RwLock<Mailboxes>,
     /// Wakes the upstream task when the interest changed.
     pub upstream_wake: Notify,
     /// The node the relay presents upstream for this group (its identity, D1).
@@ -103,7 +118,7 @@ impl Group {
             name,
             state: RwLock::new(state),
             status: Mutex::new(UpstreamStatus::default()),
-            streams: DashMap::new(),
+            streams: RwLock::new(Mailboxes::default()),
             upstream_wake: Notify::new(),
             upstream_node: assignment.upstream.clone(),
             first_member: assignment.ignored.clone(),
@@ -113,34 +128,52 @@ impl Group {
         }
     }
 
-    /// A downstream stream joined: changes for its subscriptions reach `mailbox`.
-    pub fn attach(&self, id: StreamId, mailbox: Arc<Mailbox>) {
-        self.streams.insert(id, mailbox);
+    /// A downstream stream joined: changes for its subscriptions reach `mailbox`. Returns the
+    /// stream's slot in the group.
+    pub fn attach(&self, id: StreamId, mailbox: Arc<Mailbox>) -> Slot {
+        let mut streams = write(&self.streams);
+        let slot = streams.slots.take();
+        let i = slot as usize;
+        if streams.by_slot.len() <= i {
+            streams.by_slot.resize_with(i + 1, || None);
+        }
+        streams.by_slot[i] = Some((id, mailbox));
+        slot
     }
 
-    pub fn detach(&self, id: StreamId) {
-        self.streams.remove(&id);
+    /// The stream in `slot` left (after the core released its subscriptions): the slot is free
+    /// for the next stream.
+    pub fn detach(&self, slot: Slot) {
+        let mut streams = write(&self.streams);
+        if let Some(entry) = streams.by_slot.get_mut(slot as usize) {
+            if entry.take().is_some() {
+                streams.slots.give_back(slot);
+            }
+        }
     }
 
-    /// Delivers a change set to every stream subscribed to one of its names.
-    pub fn publish(&self, changes: ChangeSet, affected: impl IntoIterator<Item = StreamId>) {
+    /// Delivers a change set to the streams in `affected` (those subscribed to one of its names).
+    pub fn publish(&self, changes: ChangeSet, affected: Affected) {
         let changes = Arc::new(changes);
-        for id in affected {
-            if let Some(mailbox) = self.streams.get(&id) {
+        let streams = read(&self.streams);
+        for slot in affected.iter() {
+            if let Some(Some((_, mailbox))) = streams.by_slot.get(slot as usize) {
                 mailbox.post(&changes);
             }
         }
     }
 
     pub fn stream_count(&self) -> usize {
-        self.streams.len()
+        read(&self.streams).slots.in_use()
     }
 
     /// The mailboxes of the group's open streams (graceful drain closes them in batches).
     pub fn mailboxes(&self) -> Vec<(StreamId, Arc<Mailbox>)> {
-        self.streams
+        read(&self.streams)
+            .by_slot
             .iter()
-            .map(|e| (*e.key(), e.value().clone()))
+            .flatten()
+            .map(|(id, mailbox)| (*id, mailbox.clone()))
             .collect()
     }
 

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::downstream::{ClientEntry, Mailbox, StreamEvent, StreamHost};
-use crate::group::Group;
+use crate::group::{Group, Member};
 use crate::grouping::{identity_digest, same_identity, Assignment, Grouping};
 use crate::metrics::{GroupScrape, Metrics, ScrapeState, StreamRejection};
 use crate::pb::core::Node;
@@ -187,7 +187,7 @@ impl Relay {
 }
 
 impl StreamHost for Relay {
-    type Membership = Arc<Group>;
+    type Membership = Member;
 
     /// `tls_authorization`: the client's certificate identity must be allowed the group its node
     /// maps to (the rule's group name, before any digest suffix).
@@ -212,7 +212,7 @@ impl StreamHost for Relay {
         })
     }
 
-    fn open(&self, id: StreamId, node: &Node, mailbox: Arc<Mailbox>) -> Result<Arc<Group>, Status> {
+    fn open(&self, id: StreamId, node: &Node, mailbox: Arc<Mailbox>) -> Result<Member, Status> {
         if self.drain.is_draining() {
             return Err(Status::unavailable(
                 "adsrelay is shutting down; reconnect to another replica",
@@ -231,16 +231,17 @@ impl StreamHost for Relay {
         let group = self.group_for(node).inspect_err(|_| {
             self.metrics.stream_rejected(StreamRejection::NoGroup);
         })?;
-        group.attach(id, mailbox);
-        Ok(group)
+        let slot = group.attach(id, mailbox);
+        Ok(Member { group, slot })
     }
 
     fn default_params(&self, node: &Node) -> Params {
         params_from_metadata(node, &self.config.params_from_metadata)
     }
 
-    fn on_effects(&self, group: &Arc<Group>, id: StreamId, effects: &RequestEffects) -> u64 {
-        let applied = write(&group.state).apply_effects(id, effects, Instant::now());
+    fn on_effects(&self, member: &Member, _id: StreamId, effects: &RequestEffects) -> u64 {
+        let group = &member.group;
+        let applied = write(&group.state).apply_effects(member.slot, effects, Instant::now());
         self.metrics
             .cache_lookups(&effects.type_url, applied.cache_hits, applied.cache_misses);
         // A storm's thousands of resubscriptions to names others hold change nothing upstream:
@@ -251,7 +252,8 @@ impl StreamHost for Relay {
         applied.seq
     }
 
-    fn refetch(&self, group: &Arc<Group>, locators: Vec<(String, Locator)>) {
+    fn refetch(&self, member: &Member, locators: Vec<(String, Locator)>) {
+        let group = &member.group;
         let now = Instant::now();
         let mut state = write(&group.state);
         for (type_url, l) in &locators {
@@ -261,14 +263,17 @@ impl StreamHost for Relay {
         group.upstream_wake.notify_one();
     }
 
-    fn with_store<R>(&self, group: &Arc<Group>, f: impl FnOnce(&Store) -> R) -> R {
-        f(read(&group.state).store())
+    fn with_store<R>(&self, member: &Member, f: impl FnOnce(&Store) -> R) -> R {
+        f(read(&member.group.state).store())
     }
 
-    fn close(&self, group: Arc<Group>, id: StreamId, held: Vec<(Name, Locator)>) {
+    fn close(&self, member: Member, id: StreamId, held: Vec<(Name, Locator)>) {
         self.clients.remove(&id);
-        group.detach(id);
-        if write(&group.state).remove_stream(id, &held, Instant::now()) {
+        let Member { group, slot } = member;
+        let interest_changed = write(&group.state).remove_stream(slot, &held, Instant::now());
+        // Only now may another stream take the slot: the core no longer counts it as this one.
+        group.detach(slot);
+        if interest_changed {
             group.upstream_wake.notify_one();
         }
     }
@@ -281,8 +286,8 @@ impl StreamHost for Relay {
         crate::downstream::limits::StreamLimits::from_settings(&self.config.limits)
     }
 
-    fn group_name(&self, group: &Arc<Group>) -> String {
-        group.name.clone()
+    fn group_name(&self, member: &Member) -> String {
+        member.group.name.clone()
     }
 
     fn observe(&self, event: StreamEvent<'_>) {

@@ -84,7 +84,7 @@ fn decode(r: wire::DeltaDiscoveryResponse) -> Resp {
 /// One group with its downstream streams, driven like the relay's adapter drives them.
 struct World {
     group: GroupState,
-    streams: BTreeMap<StreamId, DeltaStream>,
+    streams: BTreeMap<Slot, DeltaStream>,
     now: Instant,
 }
 
@@ -99,18 +99,18 @@ impl World {
         }
     }
 
-    fn request(&mut self, id: StreamId, r: DeltaDiscoveryRequest) {
+    fn request(&mut self, id: Slot, r: DeltaDiscoveryRequest) {
         let s = self.streams.entry(id).or_default();
         let effects = s.on_request(&r).expect("request accepted");
         let seq = self.group.apply_effects(id, &effects, self.now).seq;
         s.subscribed_at(seq);
     }
 
-    fn sub(&mut self, id: StreamId, type_url: &str, names: &[&str]) {
+    fn sub(&mut self, id: Slot, type_url: &str, names: &[&str]) {
         self.request(id, req(type_url, names, &[]));
     }
 
-    fn unsub(&mut self, id: StreamId, type_url: &str, names: &[&str]) {
+    fn unsub(&mut self, id: Slot, type_url: &str, names: &[&str]) {
         self.request(id, req(type_url, &[], names));
     }
 
@@ -135,7 +135,7 @@ impl World {
     }
 
     /// Every response stream `id` sends now.
-    fn drain(&mut self, id: StreamId) -> Vec<Resp> {
+    fn drain(&mut self, id: Slot) -> Vec<Resp> {
         let s = self.streams.get_mut(&id).expect("stream");
         let mut out = Vec::new();
         while let Some(r) = s.next_response(self.group.store()) {
@@ -145,13 +145,13 @@ impl World {
         out
     }
 
-    fn one(&mut self, id: StreamId) -> Resp {
+    fn one(&mut self, id: Slot) -> Resp {
         let mut out = self.drain(id);
         assert_eq!(out.len(), 1, "expected one response, got {out:?}");
         out.remove(0)
     }
 
-    fn none(&mut self, id: StreamId) {
+    fn none(&mut self, id: Slot) {
         let out = self.drain(id);
         assert!(out.is_empty(), "expected silence, got {out:?}");
     }

@@ -31,7 +31,7 @@ use adsrelay_fuzz::*;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 
-const STREAM: u64 = 1;
+const STREAM: u32 = 1;
 
 fuzz_target!(|data: &[u8]| run(data));
 

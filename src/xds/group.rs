@@ -16,29 +16,21 @@ use std::time::{Duration, Instant};
 
 use super::contract::RequestEffects;
 use super::interest::{Interest, UpstreamChange, WILDCARD};
-use super::names::NameMap;
 use super::resource::{Locator, Name};
 use super::store::{ApplyError, ChangeSet, ExportedType, Lookup, Store, UpstreamUpdate};
+use super::subscribers::{Affected, Slot, SubscriberIndex};
 use super::unsubscribed::UnsubscribedSet;
 use super::xdstp;
 
 /// Identifies a downstream stream within the process.
 pub type StreamId = u64;
 
-/// The streams subscribed to one name, with how many of their locators carry it. A foldhash map:
-/// a wildcard's set holds every stream of the type, and a reconnect storm removes and re-adds each
-/// of them; a B-tree of ten thousand ids costs a cache miss per level for each (paired storm runs:
-/// 309/360 -> 265/296 us of relay CPU per reconnecting client with this map). A SipHash map was
-/// slower than either.
-type Subscribers = std::collections::HashMap<StreamId, u32, super::names::Hasher>;
-
 #[derive(Debug, Default)]
 pub struct GroupState {
     pub(super) store: Store,
     pub(super) interest: Interest,
-    /// type_url -> name (or `"*"`) -> streams subscribed to it, with how many of their locators
-    /// carry that name.
-    index: HashMap<String, NameMap<Name, Subscribers>>,
+    /// type_url -> name (or `"*"`) -> the slots of the streams subscribed to it.
+    index: SubscriberIndex,
     /// Names (and lingering wildcards) held upstream that no client wants, within a byte budget.
     pub(super) unsubscribed: UnsubscribedSet,
     /// The upstream stream must be re-established to get a full answer (taken by the upstream
@@ -142,7 +134,7 @@ impl GroupState {
         GroupState {
             store: Store::new(),
             interest: Interest::new(linger),
-            index: HashMap::new(),
+            index: SubscriberIndex::default(),
             unsubscribed: UnsubscribedSet::default(),
             resync_wanted: false,
         }
@@ -176,13 +168,8 @@ impl GroupState {
         self
     }
 
-    /// Applies a stream's subscription changes to the interest and the index.
-    pub fn apply_effects(
-        &mut self,
-        stream: StreamId,
-        effects: &RequestEffects,
-        now: Instant,
-    ) -> Applied {
+    /// Applies the subscription changes of the stream in `slot` to the interest and the index.
+    pub fn apply_effects(&mut self, slot: Slot, effects: &RequestEffects, now: Instant) -> Applied {
         let type_url = &effects.type_url;
         let (mut cache_hits, mut cache_misses) = (0, 0);
         for l in &effects.acquire {
@@ -200,14 +187,10 @@ impl GroupState {
                 cache_misses += 1;
             }
         }
-        let by_name = self.index.entry(type_url.clone()).or_default();
+        let subscribers = self.index.of_type_mut(type_url);
         let mut touched = Vec::with_capacity(effects.acquire.len() + effects.release.len());
         for l in &effects.acquire {
-            *by_name
-                .entry(l.name.clone())
-                .or_default()
-                .entry(stream)
-                .or_default() += 1;
+            subscribers.subscribe(&l.name, slot);
             // Only the first reference and the last release change anything below.
             if self.interest.acquire(type_url, l) {
                 if self.unsubscribed.contains(type_url, &l.name) {
@@ -217,7 +200,7 @@ impl GroupState {
             }
         }
         for l in &effects.release {
-            if Self::unindex(by_name, &l.name, stream) && self.interest.release(type_url, l, now) {
+            if subscribers.unsubscribe(&l.name, slot) && self.interest.release(type_url, l, now) {
                 touched.push(l.name.clone());
             }
         }
@@ -231,25 +214,20 @@ impl GroupState {
         }
     }
 
-    /// A stream ended: release everything it held (F9). Returns whether that was the last
-    /// reference to anything (the upstream subscription may have to change).
-    pub fn remove_stream(
-        &mut self,
-        stream: StreamId,
-        held: &[(Name, Locator)],
-        now: Instant,
-    ) -> bool {
+    /// The stream in `slot` ended: release everything it held (F9). Returns whether that was the
+    /// last reference to anything (the upstream subscription may have to change). The caller may
+    /// hand the slot to another stream afterwards.
+    pub fn remove_stream(&mut self, slot: Slot, held: &[(Name, Locator)], now: Instant) -> bool {
         let mut interest_changed = false;
         // `held` comes grouped by type: one index lookup per type, not per locator.
         for run in held.chunk_by(|a, b| a.0 == b.0) {
             let type_url = &*run[0].0;
-            let Some(by_name) = self.index.get_mut(type_url) else {
+            let Some(subscribers) = self.index.existing_mut(type_url) else {
                 continue;
             };
             let mut touched = Vec::new();
             for (_, l) in run {
-                if Self::unindex(by_name, &l.name, stream)
-                    && self.interest.release(type_url, l, now)
+                if subscribers.unsubscribe(&l.name, slot) && self.interest.release(type_url, l, now)
                 {
                     touched.push(l.name.clone());
                 }
@@ -381,31 +359,9 @@ impl GroupState {
         }
     }
 
-    fn unindex(by_name: &mut NameMap<Name, Subscribers>, name: &Name, stream: StreamId) -> bool {
-        let Some(streams) = by_name.get_mut(name) else {
-            return false;
-        };
-        // One probe of the name's subscribers (ten thousand for a wildcard), not a lookup and then
-        // a removal.
-        let std::collections::hash_map::Entry::Occupied(mut count) = streams.entry(stream) else {
-            return false;
-        };
-        *count.get_mut() -= 1;
-        if *count.get() == 0 {
-            count.remove();
-        }
-        if streams.is_empty() {
-            by_name.remove(name);
-        }
-        true
-    }
-
     /// The streams that must look at a change set: subscribers of the changed (or heartbeat)
     /// names and every wildcard subscriber of the type.
-    pub fn affected(&self, changes: &ChangeSet) -> HashSet<StreamId> {
-        let Some(by_name) = self.index.get(&changes.type_url) else {
-            return HashSet::new();
-        };
+    pub fn affected(&self, changes: &ChangeSet) -> Affected {
         // A28: a glob subscription is indexed under the collection's name, so a changed member
         // finds its collection's subscribers with one more lookup.
         let collections: Vec<String> = changes
@@ -413,17 +369,14 @@ impl GroupState {
             .iter()
             .filter_map(|n| xdstp::collection_of(n))
             .collect();
-        changes
+        let names = changes
             .names
             .iter()
             .chain(&changes.heartbeats)
             .map(|n| &**n)
             .chain(collections.iter().map(String::as_str))
-            .chain(std::iter::once(WILDCARD))
-            .filter_map(|n| by_name.get(n))
-            .flat_map(|m| m.keys())
-            .copied()
-            .collect()
+            .chain(std::iter::once(WILDCARD));
+        self.index.affected(&changes.type_url, names)
     }
 
     /// Applies an upstream response. Resources the group does not want (no wildcard, not
@@ -488,7 +441,7 @@ impl GroupState {
     /// The upstream stream left `type_url` unanswered past the wait: a wildcard type is served
     /// from the cache (not authoritative for removals until a real answer), as a mid-stream
     /// `"*"` is (D9). Returns what to tell whom.
-    pub fn stop_waiting_for(&mut self, type_url: &str) -> Option<(ChangeSet, HashSet<StreamId>)> {
+    pub fn stop_waiting_for(&mut self, type_url: &str) -> Option<(ChangeSet, Affected)> {
         if !self.interest.is_wildcard(type_url) {
             return None;
         }
@@ -498,7 +451,7 @@ impl GroupState {
         Some((changes, affected))
     }
 
-    pub fn expire(&mut self, now: Instant) -> Vec<(ChangeSet, HashSet<StreamId>)> {
+    pub fn expire(&mut self, now: Instant) -> Vec<(ChangeSet, Affected)> {
         let mut lapsed: HashMap<String, Vec<Name>> = HashMap::new();
         for (type_url, l) in self.interest.expire(now) {
             if !self.interest.wants(&type_url, &l.name)
@@ -555,17 +508,12 @@ impl GroupState {
 
     /// Downstream subscriptions per type: (stream, name-or-`"*"`) pairs (for metrics).
     pub fn subscriptions_by_type(&self) -> impl Iterator<Item = (&str, usize)> {
-        self.index
-            .iter()
-            .map(|(t, by_name)| (t.as_str(), by_name.values().map(|s| s.len()).sum()))
+        self.index.pairs_by_type()
     }
 
     /// Number of streams subscribed to `name` (for tests and introspection).
     pub fn subscribers(&self, type_url: &str, name: &str) -> usize {
-        self.index
-            .get(type_url)
-            .and_then(|m| m.get(name))
-            .map_or(0, Subscribers::len)
+        self.index.count(type_url, name)
     }
 }
 
@@ -607,11 +555,11 @@ mod tests {
         }
     }
 
-    fn sub(g: &mut GroupState, stream: StreamId, names: &[&str], now: Instant) {
+    fn sub(g: &mut GroupState, stream: Slot, names: &[&str], now: Instant) {
         g.apply_effects(stream, &effects(names, &[]), now);
     }
 
-    fn unsub(g: &mut GroupState, stream: StreamId, names: &[&str], now: Instant) {
+    fn unsub(g: &mut GroupState, stream: Slot, names: &[&str], now: Instant) {
         g.apply_effects(stream, &effects(&[], names), now);
     }
 
@@ -999,7 +947,7 @@ mod tests {
         /// subscription change waiting (it would never be sent).
         #[test]
         fn no_upstream_change_waits_unreported(
-            ops in proptest::collection::vec((0u64..3, 0usize..4, 0u8..3), 1..80),
+            ops in proptest::collection::vec((0u32..3, 0usize..4, 0u8..3), 1..80),
         ) {
             let now = Instant::now();
             let pool = ["a", "b", WILDCARD, "c"];

@@ -9,6 +9,7 @@
 //! - [`sotw`]: the same contract for state-of-the-world.
 //! - [`wildcard_state`]: a wildcard SotW subscriber's full state, built once per store change.
 //! - [`frame`]: responses encoded once as gRPC messages and shared by every stream due them.
+//! - [`subscribers`]: who to tell about a change: per name, a bitmap of the streams' slots.
 //! - [`group`]: one aggregation group's store, interest, subscriber index and unsubscribed set.
 //! - [`packed`]: per-stream B-trees rebuilt dense after bulk inserts (a join fills them in order).
 //! - [`per_type`]: a stream's state per type URL: a short sorted list, interned type URLs.
@@ -32,6 +33,7 @@ pub mod resource;
 pub mod sotw;
 pub mod sotw_upstream;
 pub mod store;
+pub mod subscribers;
 pub mod unacked;
 pub mod unsubscribed;
 pub mod upstream_session;
@@ -48,4 +50,5 @@ pub use interest::{Interest, UpstreamChange, WILDCARD};
 pub use resource::{CachedResource, Locator, Name};
 pub use sotw::SotwStream;
 pub use store::{ApplyError, ChangeSet, Lookup, Store, UpstreamUpdate};
+pub use subscribers::{Affected, Slot, SlotAllocator};
 pub use upstream_session::{ResponseOutcome, UpstreamSession, Verdict};

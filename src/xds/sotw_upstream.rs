@@ -326,7 +326,7 @@ mod tests {
     const EDS: &str = type_urls::ENDPOINTS;
     const RDS: &str = type_urls::ROUTE;
 
-    fn want(state: &mut GroupState, stream: u64, type_url: &str, names: &[&str]) {
+    fn want(state: &mut GroupState, stream: u32, type_url: &str, names: &[&str]) {
         let mut effects = RequestEffects::new(type_url);
         effects.acquire = names.iter().map(|n| Locator::plain(*n)).collect();
         state.apply_effects(stream, &effects, Instant::now());
@@ -672,13 +672,13 @@ mod tests {
         /// union did not change.
         #[test]
         fn requests_follow_any_sequence_of_union_changes(
-            steps in proptest::collection::vec((1u64..4, 0u8..6, proptest::bool::ANY), 1..30)
+            steps in proptest::collection::vec((1u32..4, 0u8..6, proptest::bool::ANY), 1..30)
         ) {
             let mut state = GroupState::new(Duration::ZERO);
             want(&mut state, 1, EDS, &["e0"]);
             let mut s = session();
             s.initial_requests(&mut state);
-            let mut held: BTreeMap<(u64, u8), ()> = BTreeMap::from([((1, 0), ())]);
+            let mut held: BTreeMap<(u32, u8), ()> = BTreeMap::from([((1, 0), ())]);
             let mut last: Vec<String> = vec!["e0".into()];
             for (stream, name, subscribe) in steps {
                 let l = Locator::plain(format!("e{name}"));

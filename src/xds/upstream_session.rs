@@ -9,9 +9,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::group::{GroupState, StreamId};
+use super::group::GroupState;
 use super::resource::{Locator, Name};
 use super::store::{ChangeSet, UpstreamUpdate};
+use super::subscribers::Affected;
 use crate::pb::core::Node;
 use crate::pb::discovery::{DeltaDiscoveryRequest, ResourceLocator};
 use crate::pb::rpc;
@@ -38,7 +39,7 @@ pub enum Verdict {
     /// Applied to the cache; `changes` (possibly empty) go to `affected` streams.
     Applied {
         changes: ChangeSet,
-        affected: HashSet<StreamId>,
+        affected: Affected,
     },
     /// C10: a type the group never asked for; ACKed and dropped.
     NotSubscribed,
