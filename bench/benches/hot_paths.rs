@@ -309,6 +309,42 @@ fn fanout_one_change_10k_delta(bencher: Bencher, how: &str) {
     });
 }
 
+/// The same fan-out split over `threads` worker threads, as the relay's stream tasks run on
+/// tokio's workers: each thread folds the change into its share of the clients and takes their
+/// frames, all reading one store and one frame cache. Wall time per change; with 2 threads on 2
+/// free cores, half of 1 thread's is perfect scaling (the CPU spent is about `threads` x the time).
+#[divan::bench(args = [1, 2], sample_count = 10)]
+fn fanout_one_change_10k_delta_threads(bencher: Bencher, threads: usize) {
+    let mut store = store_with(100);
+    let mut clients: Vec<DeltaStream> = (0..10_000)
+        .map(|_| {
+            let mut c = synced_client(&store);
+            while c.next_frame(&store).is_some() {}
+            c
+        })
+        .collect();
+    let mut version = 1u64;
+    let share = clients.len().div_ceil(threads);
+    bencher.bench_local(|| {
+        version += 1;
+        let changes = change_c7(&mut store, version);
+        let (store, changes) = (&store, &changes);
+        let sent: usize = std::thread::scope(|s| {
+            let workers: Vec<_> = clients
+                .chunks_mut(share)
+                .map(|part| {
+                    s.spawn(move || fan_out(part, store, changes, "shared_frame", |_, _| 0))
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("a fan-out worker panicked"))
+                .sum()
+        });
+        black_box(sent)
+    });
+}
+
 /// One Cluster change to 10,000 wildcard SotW clients holding 100 Clusters of 1 KiB (100 KiB of
 /// full state each): every client is due the same full state, framed once.
 #[divan::bench(args = ["shared_frame", "encode_per_client"], sample_count = 5)]

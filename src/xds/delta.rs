@@ -21,6 +21,8 @@ use smallvec::SmallVec;
 
 use super::constraints::{self, ConstraintKey, Params};
 use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeView};
+pub use super::delta_record::Held;
+use super::delta_record::{first_of, ParamSets, TypeState};
 use super::frame::{Content, Outgoing};
 use super::interest::WILDCARD;
 use super::names::{self, NameMap};
@@ -28,310 +30,12 @@ use super::packed;
 use super::per_type::PerType;
 use super::resource::{canonical_name, CachedResource, Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
-use super::unacked::Unacked;
 use super::wildcard_state::DeltaWildcard;
 use super::xdstp;
 use crate::pb::discovery::{
     DeltaDiscoveryRequest, DynamicParameterConstraints, ResourceError, ResourceName,
 };
 use crate::pb::wire;
-
-/// What a client holds for one subscription. Kept small (16 bytes): a stream holds one per
-/// resource, and a relay holds thousands of streams.
-#[derive(Debug, Clone)]
-pub enum Held {
-    /// A variant the relay sent; it names the version, the variant key and its constraints.
-    /// Sharing the cached resource costs nothing extra; an outdated one stays alive only until
-    /// this client receives the new version.
-    Sent(Arc<CachedResource>),
-    /// A version the client reported in `initial_resource_versions` (plain name, no variant).
-    Reported(Name),
-}
-
-static UNCONSTRAINED: ConstraintKey = ConstraintKey::UNCONSTRAINED;
-
-impl Held {
-    pub fn version(&self) -> &str {
-        match self {
-            Held::Sent(r) => &r.version,
-            Held::Reported(v) => v,
-        }
-    }
-
-    pub fn key(&self) -> &ConstraintKey {
-        match self {
-            Held::Sent(r) => &r.key,
-            Held::Reported(_) => &UNCONSTRAINED,
-        }
-    }
-
-    /// The variant's constraints, to name it in `removed_resource_names`.
-    pub fn constraints(&self) -> Option<&crate::pb::discovery::DynamicParameterConstraints> {
-        match self {
-            Held::Sent(r) => r.constraints.as_ref(),
-            Held::Reported(_) => None,
-        }
-    }
-
-    fn is(&self, r: &Arc<CachedResource>) -> bool {
-        match self {
-            Held::Sent(h) => Arc::ptr_eq(h, r) || (h.version == r.version && h.key == r.key),
-            Held::Reported(v) => **v == *r.version && r.key.is_unconstrained(),
-        }
-    }
-}
-
-/// One type's state on one stream. Held per client per type, so the rarely used sets are
-/// B-trees (24 bytes empty, where a hash set is 48).
-#[derive(Debug, Default, Clone)]
-struct TypeState {
-    wildcard: bool,
-    /// name -> parameter set -> subscribed by plain name (true) or by locator (false).
-    explicit: BTreeMap<Name, ParamSets>,
-    /// What the client holds, from our responses and its `initial_resource_versions`. Changed
-    /// only through [`TypeState::hold`] / [`TypeState::unhold`] while building a response, so a
-    /// NACK can put it back (A23: a client that rejects a version keeps the one before).
-    /// Ordered by name, so a name's entries are one range (see [`first_of`]).
-    known: BTreeMap<Locator, Held>,
-    /// What the responses not yet ACKed changed in `known`.
-    unacked: Unacked<Locator, Held>,
-    /// What a NACKed response gave (`None`: removed) where the client kept its previous version:
-    /// not sent again until it changes, a re-subscribe (A7) or a new stream (A31).
-    rejected: BTreeMap<Locator, Option<Held>>,
-    /// Names to evaluate at the next build.
-    pending: BTreeSet<Name>,
-    /// Evaluate every name of the type at the next build (wildcard start, wildcard sync).
-    pending_all: bool,
-    /// Subscriptions that must be sent even if the client holds the current version (A6, A7).
-    forced: BTreeSet<Locator>,
-    /// Subscriptions added since the adapter last reported the store sequence: their stamp
-    /// (in `explicit`) is set by [`DeltaStream::subscribed_at`]. Emptied, capacity and all, then.
-    unstamped: Vec<Locator>,
-    /// Names whose TTL the upstream refreshed: forward the heartbeat to holders of that version.
-    heartbeats: BTreeSet<Name>,
-    /// Resource errors already reported to the client (TP3: sent once).
-    errors_sent: BTreeSet<Name>,
-    /// An initial wildcard request waits for a response even if it is empty (A2).
-    owe_response: bool,
-    /// Malformed xdstp names the client subscribed to, not yet reported (A29).
-    invalid: BTreeMap<Name, String>,
-    /// Subscribed glob collections last reported empty (A28).
-    empty_globs: BTreeSet<Name>,
-    /// A27: the wildcard covers only names under the stream's RDS route configurations.
-    scoped: bool,
-    last_nonce: Option<u64>,
-    last_ack: Option<String>,
-    last_nack: Option<(String, String)>,
-}
-
-impl TypeState {
-    /// A wildcard subscription (not VHDS's scoped one) and nothing else: no name subscribed,
-    /// forced, rejected or owed an error. What such a subscriber is due depends only on what it
-    /// holds and the type's content.
-    fn only_the_wildcard(&self) -> bool {
-        self.wildcard
-            && !self.scoped
-            && self.explicit.is_empty()
-            && self.forced.is_empty()
-            && self.rejected.is_empty()
-            && self.heartbeats.is_empty()
-            && self.errors_sent.is_empty()
-            && self.invalid.is_empty()
-            && self.empty_globs.is_empty()
-    }
-
-    fn has_work(&self) -> bool {
-        !self.pending.is_empty()
-            || self.pending_all
-            || self.owe_response
-            || !self.heartbeats.is_empty()
-            || !self.invalid.is_empty()
-    }
-
-    /// Records that the response being built gives the client `held` for `l`.
-    fn hold(&mut self, l: &Locator, held: Held) {
-        self.unacked.record(l, self.known.get(l), self.last_nonce);
-        self.known.insert(l.clone(), held);
-        self.rejected.remove(l);
-    }
-
-    /// Records that the response being built takes `l` from the client (or sends it again later).
-    fn unhold(&mut self, l: &Locator) -> Option<Held> {
-        let before = self.known.remove(l);
-        if before.is_some() {
-            self.unacked.record(l, before.as_ref(), self.last_nonce);
-        }
-        self.rejected.remove(l);
-        before
-    }
-
-    /// A variant removal sent for `l` takes the variant (one wire identity: name and constraints)
-    /// from the client, whichever of the name's locators selected it (E17): the name's other
-    /// locators that held the same variant hold nothing now, and must not remove it again.
-    fn unhold_variant_elsewhere(&mut self, l: &Locator, key: &ConstraintKey) {
-        let from = Locator::with_params(l.name.clone(), super::resource::no_params());
-        let others: Vec<Locator> = self
-            .known
-            .range(from..)
-            .take_while(|(k, _)| k.name == l.name)
-            .filter(|(k, h)| *k != l && h.constraints().is_some() && h.key() == key)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in others {
-            self.unhold(&k);
-        }
-    }
-
-    /// The client dropped `l` itself: nothing of it is held or to restore.
-    fn forget(&mut self, l: &Locator) {
-        self.known.remove(l);
-        self.unacked.forget(l);
-        self.rejected.remove(l);
-    }
-
-    /// Whether the client rejected exactly this outcome for `l` (`None`: a removal).
-    fn was_rejected(&self, l: &Locator, r: Option<&Arc<CachedResource>>) -> bool {
-        match (self.rejected.get(l), r) {
-            (Some(Some(h)), Some(r)) => h.is(r),
-            (Some(None), None) => true,
-            _ => false,
-        }
-    }
-
-    /// Settles the response a request answers: an ACK keeps `known`, a NACK restores what the
-    /// client held before the response, since it keeps that (A23, and what CSDS reports).
-    /// `nonce`: the answered one, if this relay could have sent it.
-    fn settle(&mut self, nonce: Option<u64>, nacked: bool) {
-        self.unacked.seal(self.last_nonce);
-        let Some(nonce) = nonce else { return };
-        if !nacked {
-            self.unacked.ack(nonce);
-            return;
-        }
-        for (l, before) in self.unacked.nack(nonce, false) {
-            let after = self.known.get(&l).cloned();
-            self.rejected.insert(l.clone(), after);
-            match before {
-                Some(h) => {
-                    self.known.insert(l, h);
-                }
-                None => {
-                    self.known.remove(&l);
-                }
-            }
-        }
-    }
-
-    /// Whether a change to `name` can alter what this stream holds or is owed: it is covered by
-    /// the wildcard, subscribed (by name or through its glob collection, A28), held, or forced.
-    /// A change set names everything one upstream response changed; most of it concerns other
-    /// streams of the group, and evaluating it here would cost per stream per name.
-    fn concerns(&self, name: &Name) -> bool {
-        if self.wildcard || self.explicit.contains_key(name) {
-            return true;
-        }
-        let first = first_of(name);
-        let is_name = |l: Option<&Locator>| l.is_some_and(|l| l.name == *name);
-        is_name(self.known.range(&first..).next().map(|(l, _)| l))
-            || is_name(self.forced.range(&first..).next())
-            || xdstp::collection_of(name).is_some_and(|c| self.explicit.contains_key(c.as_str()))
-    }
-
-    fn explicit_contains(&self, l: &Locator) -> bool {
-        self.explicit
-            .get(&l.name)
-            .is_some_and(|m| m.contains_key(&l.params))
-    }
-}
-
-/// The parameter sets a name is subscribed with on one stream: whether each came by plain name,
-/// and the store sequence at which the group applied it (D2: `do_not_cache` content is served
-/// only to subscriptions that were waiting when it arrived; `u64::MAX` until the adapter reports
-/// it). Nearly always one, kept inline: a sorted list costs a tenth of a map per name, and this is
-/// held per client per subscribed name, so a heap allocation each would cost 50 per client for 50
-/// names. The stamp lives here, not in a map of its own, because a map per stream keyed by locator
-/// cost ~2 KiB per client.
-#[derive(Debug, Default, Clone)]
-struct ParamSets(SmallVec<[Subscription; 1]>);
-
-#[derive(Debug, Clone)]
-struct Subscription {
-    params: Arc<Params>,
-    by_name: bool,
-    since: u64,
-}
-
-impl ParamSets {
-    fn find(&self, params: &Arc<Params>) -> Result<usize, usize> {
-        self.0.binary_search_by(|s| s.params.cmp(params))
-    }
-
-    /// Adds `params` (not yet stamped); returns the previous `by_name` if it was there (its
-    /// stamp stays: the subscription did not start again).
-    fn insert(&mut self, params: Arc<Params>, by_name: bool) -> Option<bool> {
-        match self.find(&params) {
-            Ok(i) => Some(std::mem::replace(&mut self.0[i].by_name, by_name)),
-            Err(i) => {
-                self.0.insert(
-                    i,
-                    Subscription {
-                        params,
-                        by_name,
-                        since: u64::MAX,
-                    },
-                );
-                None
-            }
-        }
-    }
-
-    fn remove(&mut self, params: &Arc<Params>) -> Option<bool> {
-        self.find(params).ok().map(|i| self.0.remove(i).by_name)
-    }
-
-    /// Stamps `params` with `seq` if it is still subscribed and not yet stamped.
-    fn stamp(&mut self, params: &Arc<Params>, seq: u64) {
-        if let Ok(i) = self.find(params) {
-            let since = &mut self.0[i].since;
-            if *since == u64::MAX {
-                *since = seq;
-            }
-        }
-    }
-
-    /// The store sequence at which the subscription with `params` was applied (`u64::MAX`: not
-    /// yet, or not subscribed).
-    fn since(&self, params: &Arc<Params>) -> u64 {
-        self.find(params).map_or(u64::MAX, |i| self.0[i].since)
-    }
-
-    fn contains_key(&self, params: &Arc<Params>) -> bool {
-        self.find(params).is_ok()
-    }
-
-    fn keys(&self) -> impl Iterator<Item = &Arc<Params>> {
-        self.0.iter().map(|s| &s.params)
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl<'a> IntoIterator for &'a ParamSets {
-    type Item = (&'a Arc<Params>, &'a bool);
-    type IntoIter = std::iter::Map<
-        std::slice::Iter<'a, Subscription>,
-        fn(&'a Subscription) -> (&'a Arc<Params>, &'a bool),
-    >;
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.iter().map(|s| (&s.params, &s.by_name))
-    }
-}
 
 /// Per-type ACK/NACK state, for logs and introspection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -466,13 +170,6 @@ impl NameSubs {
     fn len(&self) -> usize {
         self.0.len()
     }
-}
-
-/// The smallest locator of `name`: locators order by name first and the empty parameter set sorts
-/// before any other, so `range(first_of(name)..)` while the name matches is every locator of that
-/// name. Builds run per name per response, so they must not scan everything the client holds.
-fn first_of(name: &Name) -> Locator {
-    Locator::plain(name.clone())
 }
 
 /// How a client identifies a resource in a response: its plain name (by-name subscribers, and
@@ -1358,7 +1055,14 @@ impl DeltaStream {
 
     /// Every subscription this stream holds (explicit locators and `"*"`), to release when it ends.
     pub fn subscriptions(&self) -> Vec<(Name, Locator)> {
-        let mut out = Vec::new();
+        // Sized up front: a closing stream of a storm releases ~60 of them, and growing the list
+        // one reallocation at a time was a sixth of a closing stream's CPU.
+        let count = self
+            .types
+            .iter()
+            .map(|(_, ts)| ts.explicit.values().map(ParamSets::len).sum::<usize>() + 1)
+            .sum();
+        let mut out = Vec::with_capacity(count);
         for (t, ts) in self.types.iter() {
             for (name, params) in &ts.explicit {
                 for p in params.keys() {

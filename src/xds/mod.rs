@@ -5,7 +5,8 @@
 //! - [`store`]: one group's resources per type, and what the upstream said does not exist.
 //! - [`interest`]: the refcounted union of downstream interest -> upstream subscribe/unsubscribe.
 //! - [`contract`]: what both per-stream state machines implement ([`StreamCore`]) and speak in.
-//! - [`delta`]: the per-stream Delta state machine: requests and changes in, responses out.
+//! - [`delta`]: the per-stream Delta state machine: requests and changes in, responses out
+//!   (its per-type records in `delta_record`).
 //! - [`sotw`]: the same contract for state-of-the-world.
 //! - [`wildcard_state`]: a wildcard SotW subscriber's full state, built once per store change.
 //! - [`frame`]: responses encoded once as gRPC messages and shared by every stream due them.
@@ -23,6 +24,7 @@
 pub mod constraints;
 pub mod contract;
 pub mod delta;
+mod delta_record;
 pub mod frame;
 pub mod group;
 pub mod interest;
