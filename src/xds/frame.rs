@@ -19,10 +19,17 @@
 //!
 //! **Freed** least recently used first, past [`MAX_FRAMES`] entries or [`MAX_FRAME_BYTES`] of
 //! frames; a frame larger than that budget is built for its stream and not kept.
+//!
+//! **Per worker thread**, the last few frames taken are remembered ([`RECENT_FRAMES`]), so the
+//! streams of a fan-out running on one worker take the frame without the cache's lock: taken from
+//! the cache every time, every worker wrote the lock's (and the LRU list's) cache lines once per
+//! stream, and the fan-out on two threads was no faster than on one.
 
+use std::cell::RefCell;
 use std::hash::{Hash, Hasher};
 use std::num::NonZeroUsize;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use lru::LruCache;
@@ -184,9 +191,28 @@ struct Entry {
     frame: Frame,
 }
 
+/// Frames each worker thread remembers (see the module docs): a few, as streams due different
+/// contents (a type's change, another type's) interleave on a worker.
+const RECENT_FRAMES: usize = 4;
+
+/// A frame a thread took recently, with the cache it came from and its content key.
+struct Recent {
+    cache: u64,
+    key: u64,
+    entry: Arc<Entry>,
+}
+
+thread_local! {
+    static RECENT: RefCell<(usize, [Option<Recent>; RECENT_FRAMES])> =
+        const { RefCell::new((0, [const { None }; RECENT_FRAMES])) };
+}
+
+/// Tells caches apart in the per-thread memory (an address could be reused by a later group).
+static NEXT_CACHE_ID: AtomicU64 = AtomicU64::new(1);
+
 #[derive(Debug)]
 struct Frames {
-    entries: LruCache<u64, Entry>,
+    entries: LruCache<u64, Arc<Entry>>,
     bytes: usize,
     /// The newest nonce handed out.
     last_nonce: u64,
@@ -195,12 +221,14 @@ struct Frames {
 /// A group's shared frames and nonce counter.
 #[derive(Debug)]
 pub struct FrameCache {
+    id: u64,
     inner: Mutex<Frames>,
 }
 
 impl Default for FrameCache {
     fn default() -> Self {
         FrameCache {
+            id: NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed),
             inner: Mutex::new(Frames {
                 entries: LruCache::new(NonZeroUsize::new(MAX_FRAMES).unwrap_or(NonZeroUsize::MIN)),
                 bytes: 0,
@@ -223,10 +251,37 @@ impl FrameCache {
     /// The flag says whether the frame was shared.
     pub fn frame(&self, content: Content, after: u64) -> (Frame, bool) {
         let key = content.key();
+        let usable = |e: &Entry| e.frame.nonce > after && e.content.same(&content);
+        let recent = RECENT.with_borrow(|(_, slots)| {
+            slots
+                .iter()
+                .flatten()
+                .find(|r| r.cache == self.id && r.key == key && usable(&r.entry))
+                .map(|r| r.entry.frame.clone())
+        });
+        if let Some(frame) = recent {
+            return (frame, true);
+        }
+        let (entry, shared) = self.frame_locked(content, key, after);
+        let frame = entry.frame.clone();
+        if frame.bytes.len() <= MAX_FRAME_BYTES {
+            RECENT.with_borrow_mut(|(next, slots)| {
+                slots[*next] = Some(Recent {
+                    cache: self.id,
+                    key,
+                    entry,
+                });
+                *next = (*next + 1) % RECENT_FRAMES;
+            });
+        }
+        (frame, shared)
+    }
+
+    fn frame_locked(&self, content: Content, key: u64, after: u64) -> (Arc<Entry>, bool) {
         let mut f = lock(&self.inner);
         if let Some(e) = f.entries.get(&key) {
             if e.frame.nonce > after && e.content.same(&content) {
-                return (e.frame.clone(), true);
+                return (e.clone(), true);
             }
         }
         let nonce = f.last_nonce.max(after) + 1;
@@ -236,18 +291,14 @@ impl FrameCache {
             bytes: content.encode(nonce),
             nonce,
         };
+        let entry = Arc::new(Entry { content, frame });
         if let Some(old) = f.entries.pop(&key) {
             f.bytes -= old.frame.bytes.len();
         }
-        if frame.bytes.len() <= MAX_FRAME_BYTES {
-            f.bytes += frame.bytes.len();
-            if let Some((_, old)) = f.entries.push(
-                key,
-                Entry {
-                    content,
-                    frame: frame.clone(),
-                },
-            ) {
+        let len = entry.frame.bytes.len();
+        if len <= MAX_FRAME_BYTES {
+            f.bytes += len;
+            if let Some((_, old)) = f.entries.push(key, entry.clone()) {
                 f.bytes -= old.frame.bytes.len();
             }
             while f.bytes > MAX_FRAME_BYTES {
@@ -257,7 +308,7 @@ impl FrameCache {
                 }
             }
         }
-        (frame, false)
+        (entry, false)
     }
 
     /// [`FrameCache::frame`] for a stream whose last nonce is `*last_nonce`, which it advances;
@@ -343,6 +394,20 @@ mod tests {
         // A stream that is ahead of the counter (its frames came from another cache) stays ahead.
         let (ahead, _) = cache.frame(delta(vec![r]), 1000);
         assert_eq!(ahead.nonce, 1001);
+    }
+
+    #[test]
+    fn a_frame_remembered_by_the_thread_is_not_served_for_another_group() {
+        let (a, b) = (FrameCache::default(), FrameCache::default());
+        let r = Bytes::from_static(b"same-bytes");
+        let (from_a, _) = a.frame(delta(vec![r.clone()]), 0);
+        let (from_b, shared) = b.frame(delta(vec![r.clone()]), 0);
+        assert!(!shared, "group b frames its own response with its own nonce");
+        assert_ne!(from_a.bytes.as_ptr(), from_b.bytes.as_ptr());
+        // Back on group a, the remembered frame is shared again.
+        let (again, shared) = a.frame(delta(vec![r]), 0);
+        assert!(shared);
+        assert_eq!(again.bytes.as_ptr(), from_a.bytes.as_ptr());
     }
 
     #[test]

@@ -113,7 +113,9 @@ async fn main() -> ExitCode {
         targets.push(Target::Baseline(Baseline::Gcp));
     }
     if args.compare {
-        targets.push(Target::Baseline(Baseline::Plain));
+        if !args.no_plain {
+            targets.push(Target::Baseline(Baseline::Plain));
+        }
         targets.push(Target::Baseline(Baseline::Floor));
         if args.with_demo {
             targets.push(Target::Baseline(Baseline::Demo));
