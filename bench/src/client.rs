@@ -475,6 +475,9 @@ pub async fn run_delta(
             StreamEnd::Churned => {}
             StreamEnd::Storm => storm_reopen = true,
             StreamEnd::Failed => {
+                // A stream lost in the middle of a storm still owes its resync: the next one
+                // counts it (it resumes with what this one received).
+                storm_reopen = storm_pending;
                 failures += 1;
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(failures))).await;
             }
@@ -627,6 +630,9 @@ pub async fn run_sotw(ctx: Arc<RunCtx>, id: u32, channel: Channel, mut ctrl: mps
             StreamEnd::Churned => {}
             StreamEnd::Storm => storm_reopen = true,
             StreamEnd::Failed => {
+                // A stream lost in the middle of a storm still owes its resync: the next one
+                // counts it (it resumes with what this one received).
+                storm_reopen = storm_pending;
                 failures += 1;
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(failures))).await;
             }

@@ -402,7 +402,10 @@ mod tests {
         let r = Bytes::from_static(b"same-bytes");
         let (from_a, _) = a.frame(delta(vec![r.clone()]), 0);
         let (from_b, shared) = b.frame(delta(vec![r.clone()]), 0);
-        assert!(!shared, "group b frames its own response with its own nonce");
+        assert!(
+            !shared,
+            "group b frames its own response with its own nonce"
+        );
         assert_ne!(from_a.bytes.as_ptr(), from_b.bytes.as_ptr());
         // Back on group a, the remembered frame is shared again.
         let (again, shared) = a.frame(delta(vec![r]), 0);
