@@ -285,6 +285,17 @@ fn fan_out<C: StreamCore>(
         .sum()
 }
 
+/// `n` wildcard Cluster subscribers holding the store's content, every response taken.
+fn framed_clients(store: &Store, n: usize) -> Vec<DeltaStream> {
+    (0..n)
+        .map(|_| {
+            let mut c = synced_client(store);
+            while c.next_frame(store).is_some() {}
+            c
+        })
+        .collect()
+}
+
 /// The fan-out of one 1 KiB change to 10,000 Delta subscribers, as the stream tasks do it: fold
 /// the change in, build the response and take its frame (shared after the first), no sockets.
 /// Beside it, the same with a per-client encode (what a control plane that encodes per client
@@ -292,13 +303,7 @@ fn fan_out<C: StreamCore>(
 #[divan::bench(args = ["shared_frame", "encode_per_client"], sample_count = 10)]
 fn fanout_one_change_10k_delta(bencher: Bencher, how: &str) {
     let mut store = store_with(100);
-    let mut clients: Vec<DeltaStream> = (0..10_000)
-        .map(|_| {
-            let mut c = synced_client(&store);
-            while c.next_frame(&store).is_some() {}
-            c
-        })
-        .collect();
+    let mut clients = framed_clients(&store, 10_000);
     let mut version = 1u64;
     bencher.bench_local(|| {
         version += 1;
@@ -316,13 +321,7 @@ fn fanout_one_change_10k_delta(bencher: Bencher, how: &str) {
 #[divan::bench(args = [1, 2], sample_count = 10)]
 fn fanout_one_change_10k_delta_threads(bencher: Bencher, threads: usize) {
     let mut store = store_with(100);
-    let mut clients: Vec<DeltaStream> = (0..10_000)
-        .map(|_| {
-            let mut c = synced_client(&store);
-            while c.next_frame(&store).is_some() {}
-            c
-        })
-        .collect();
+    let mut clients = framed_clients(&store, 10_000);
     let mut version = 1u64;
     let share = clients.len().div_ceil(threads);
     bencher.bench_local(|| {

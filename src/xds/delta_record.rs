@@ -1,4 +1,4 @@
-//! What a Delta stream records per type (the state [`super::delta::DeltaStream`] works on):
+//! What a Delta stream records per type (the state `DeltaStream` works on, in `delta.rs`):
 //! the subscriptions with their parameter sets, what the client holds (and what a NACK puts back),
 //! and which names need another look. No behaviour of the protocol lives here beyond keeping
 //! these records consistent; the rules are in `delta.rs`.
