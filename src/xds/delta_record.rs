@@ -82,7 +82,7 @@ pub(super) struct TypeState {
     /// Subscriptions that must be sent even if the client holds the current version (A6, A7).
     pub(super) forced: BTreeSet<Locator>,
     /// Subscriptions added since the adapter last reported the store sequence: their stamp
-    /// (in `explicit`) is set by [`DeltaStream::subscribed_at`]. Emptied, capacity and all, then.
+    /// (in `explicit`) is set by `DeltaStream::subscribed_at`. Emptied, capacity and all, then.
     pub(super) unstamped: Vec<Locator>,
     /// Names whose TTL the upstream refreshed: forward the heartbeat to holders of that version.
     pub(super) heartbeats: BTreeSet<Name>,
