@@ -13,7 +13,7 @@
 //! subscriptions by `resource_locators_subscribe` receive `resource_name` with the variant's
 //! constraints, and variant removals as `removed_resource_names` (E9, E11).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -21,16 +21,16 @@ use smallvec::SmallVec;
 
 use super::constraints::{self, ConstraintKey, Params};
 use super::contract::{AckStatus, ProtocolError, RequestEffects, StreamCore, TypeView};
-pub use super::delta_record::Held;
 use super::delta_record::{first_of, ParamSets, TypeState};
 use super::frame::{Content, Outgoing};
+pub use super::holdings::Held;
+use super::holdings::{DeltaWildcard, Holdings};
 use super::interest::WILDCARD;
 use super::names::{self, NameMap};
 use super::packed;
 use super::per_type::PerType;
 use super::resource::{canonical_name, CachedResource, Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
-use super::wildcard_state::DeltaWildcard;
 use super::xdstp;
 use crate::pb::discovery::{
     DeltaDiscoveryRequest, DynamicParameterConstraints, ResourceError, ResourceName,
@@ -184,17 +184,8 @@ fn wire_id(r: &CachedResource, by_name: bool) -> (Name, ConstraintKey, bool) {
     (r.name.clone(), key, plain)
 }
 
-/// Whether `known` is exactly what `shared` gives: the same locators, each at the version sent.
-fn holds_exactly(known: &BTreeMap<Locator, Held>, shared: &DeltaWildcard) -> bool {
-    known.len() == shared.held.len()
-        && known
-            .iter()
-            .zip(&shared.held)
-            .all(|((l, held), (sl, r))| l == sl && held.is(r))
-}
-
 /// Whether every name in `names` has a record in `known` (both in name order: one merge walk).
-fn all_held(names: &BTreeSet<Name>, known: &BTreeMap<Locator, Held>) -> bool {
+fn all_held(names: &BTreeSet<Name>, known: &Holdings) -> bool {
     let mut held = known.keys().map(|l| &l.name).peekable();
     names.iter().all(|n| {
         while held.next_if(|h| *h < n).is_some() {}
@@ -207,20 +198,22 @@ fn all_held(names: &BTreeSet<Name>, known: &BTreeMap<Locator, Held>) -> bool {
 /// build its own: the type is not synced yet, or it holds `do_not_cache` content (refetched per
 /// subscription, D2).
 fn delta_wildcard(store: &Store, type_url: &str, params: &Arc<Params>) -> Option<DeltaWildcard> {
-    let held: Vec<(Locator, Arc<CachedResource>)> = store
+    let content: Vec<(Locator, &Arc<CachedResource>)> = store
         .wildcard_content(type_url, params)?
         .into_iter()
         // An alias not yet resolved is not the wildcard's (the name-by-name build skips it too).
         .filter(|(l, _)| !store.is_unresolved_alias(type_url, &l.name))
-        .map(|(l, r)| (l, r.clone()))
         .collect();
-    let resources: Vec<Bytes> = held
+    let resources: Vec<Bytes> = content
         .iter()
         .map(|(_, r)| r.delta_bytes(true).clone())
         .collect();
     let bytes = resources.iter().map(Bytes::len).sum();
     Some(DeltaWildcard {
-        held,
+        held: content
+            .into_iter()
+            .map(|(l, r)| (l, Held::Sent(r.clone())))
+            .collect(),
         resources,
         bytes,
     })
@@ -360,7 +353,7 @@ impl DeltaStream {
                             .get(&k.name)
                             .is_some_and(|m| m.contains_key(&k.params))
                     };
-                    ts.known.retain(|k, _| keep(k));
+                    ts.known.retain(keep);
                     ts.rejected.retain(|k, _| keep(k));
                     ts.unacked.retain(keep);
                 }
@@ -401,7 +394,7 @@ impl DeltaStream {
                                 .get(&k.name)
                                 .is_some_and(|m| m.contains_key(&k.params))
                     };
-                    ts.known.retain(|k, _| keep(k));
+                    ts.known.retain(keep);
                     ts.rejected.retain(|k, _| keep(k));
                     ts.unacked.retain(keep);
                 }
@@ -409,7 +402,7 @@ impl DeltaStream {
         }
 
         packed::repack_after_bulk(&mut ts.explicit, explicit_before);
-        packed::repack_after_bulk(&mut ts.known, known_before);
+        ts.known.repack_after_bulk(known_before);
 
         if !req.response_nonce.is_empty() {
             let nonce = req.response_nonce.clone();
@@ -614,6 +607,22 @@ impl DeltaStream {
         let ts = self.types.get_mut(type_url)?;
         // Changes staged by an earlier build belong to its response (or to none).
         ts.unacked.seal(ts.last_nonce);
+        if !ts.owe_response && ts.only_the_wildcard() {
+            if let Some(old) = ts.known.shared().cloned() {
+                let new = store
+                    .delta_wildcards()
+                    .get_or_build(type_url, false, defaults, || {
+                        delta_wildcard(store, type_url, defaults)
+                    });
+                if let Some(new) = new {
+                    let followed =
+                        Self::follow_shared(ts, type_url, store, &old, &new, authoritative, budget);
+                    if let Some(response) = followed {
+                        return response;
+                    }
+                }
+            }
+        }
         let known_before = ts.known.len();
         let mut candidates = std::mem::take(&mut ts.pending);
         if ts.pending_all {
@@ -634,7 +643,9 @@ impl DeltaStream {
                     if ts.known.is_empty() && candidates.is_empty() && shared.bytes <= budget {
                         return Self::respond_with_shared(ts, type_url, &shared, synced);
                     }
-                    if holds_exactly(&ts.known, &shared) && all_held(&candidates, &ts.known) {
+                    if ts.known.holds_exactly(&shared) && all_held(&candidates, &ts.known) {
+                        // A resumed client that reported exactly this: its record is the shared one.
+                        ts.known = Holdings::Shared(shared);
                         return Self::answer_owed(ts, type_url, synced);
                     }
                 }
@@ -700,7 +711,7 @@ impl DeltaStream {
                 subs.or_insert(wild, true, true);
             }
             let first = first_of(&name);
-            let held = ts.known.range(&first..).map(|(l, _)| l);
+            let held = ts.known.from(&first).map(|(l, _)| l);
             let forced = ts.forced.range(&first..);
             for l in held
                 .take_while(|l| l.name == name)
@@ -780,7 +791,7 @@ impl DeltaStream {
         // gets the resource in full (above) or is behind after a NACK and must not be refreshed.
         for name in std::mem::take(&mut ts.heartbeats) {
             let first = first_of(&name);
-            for (l, held) in ts.known.range(&first..).take_while(|(l, _)| l.name == name) {
+            for (l, held) in ts.known.from(&first).take_while(|(l, _)| l.name == name) {
                 let Lookup::Present(r) = store.lookup_for(type_url, &l.name, &l.params) else {
                     continue;
                 };
@@ -828,7 +839,7 @@ impl DeltaStream {
             });
         }
 
-        packed::repack_after_bulk(&mut ts.known, known_before);
+        ts.known.repack_after_bulk(known_before);
 
         // Without a wildcard (A27's first VHDS request) there is nothing to wait for.
         let answer_owed = ts.owe_response && synced;
@@ -851,18 +862,13 @@ impl DeltaStream {
     fn respond_with_shared(
         ts: &mut TypeState,
         type_url: &str,
-        shared: &DeltaWildcard,
+        shared: &Arc<DeltaWildcard>,
         synced: bool,
     ) -> Option<wire::DeltaDiscoveryResponse> {
         for (l, _) in &shared.held {
             ts.unacked.record(l, None, ts.last_nonce);
         }
-        // In locator order: the map is built whole, with full nodes.
-        ts.known = shared
-            .held
-            .iter()
-            .map(|(l, r)| (l.clone(), Held::Sent(r.clone())))
-            .collect();
+        ts.known = Holdings::Shared(shared.clone());
         if shared.resources.is_empty() {
             return Self::answer_owed(ts, type_url, synced);
         }
@@ -872,6 +878,85 @@ impl DeltaStream {
             resources: shared.resources.clone(),
             ..Default::default()
         })
+    }
+
+    /// A wildcard-only subscriber holding the shared content `old` moves to `new` (the type's
+    /// content now): it is sent what differs, in the order and form the name-by-name build would
+    /// send it, and its record becomes `new`, shared again. `None` where that build must decide
+    /// instead: over the size limit, or a removal that only it can judge (an upstream not yet
+    /// authoritative for the type, an alias now unresolved).
+    fn follow_shared(
+        ts: &mut TypeState,
+        type_url: &str,
+        store: &Store,
+        old: &Arc<DeltaWildcard>,
+        new: &Arc<DeltaWildcard>,
+        authoritative: bool,
+        budget: usize,
+    ) -> Option<Option<wire::DeltaDiscoveryResponse>> {
+        let mut resources = Vec::new();
+        let mut bytes = 0;
+        let mut removed = Vec::new();
+        // What changed, with what the client held before (for a NACK to put back).
+        let mut undo: Vec<(&Locator, Option<&Held>)> = Vec::new();
+        if !Arc::ptr_eq(old, new) {
+            let (mut was, mut now) = (old.held.iter().peekable(), new.held.iter().enumerate());
+            let mut next_now = now.next();
+            loop {
+                let gone = match (was.peek(), next_now) {
+                    (None, None) => break,
+                    (Some((lw, _)), Some((_, (ln, _)))) => lw < ln,
+                    (Some(_), None) => true,
+                    (None, Some(_)) => false,
+                };
+                if gone {
+                    let Some((l, held)) = was.next() else { break };
+                    if !authoritative || store.is_unresolved_alias(type_url, &l.name) {
+                        return None;
+                    }
+                    // A25: what was sent for an alias is removed under the name it was sent with.
+                    removed.push(match held {
+                        Held::Sent(r) => r.name.to_string(),
+                        Held::Reported(_) => l.name.to_string(),
+                    });
+                    undo.push((l, Some(held)));
+                    continue;
+                }
+                let Some((i, (l, now_held))) = next_now else {
+                    break;
+                };
+                next_now = now.next();
+                let before = was.next_if(|(lw, _)| lw == l).map(|(_, h)| h);
+                let same = match (before, now_held) {
+                    (Some(b), Held::Sent(r)) => b.is(r),
+                    _ => false,
+                };
+                if !same {
+                    bytes += new.resources[i].len();
+                    resources.push(new.resources[i].clone());
+                    undo.push((l, before));
+                }
+            }
+            if bytes > budget {
+                return None;
+            }
+        }
+        for (l, before) in undo {
+            ts.unacked.record(l, before, ts.last_nonce);
+        }
+        ts.pending.clear();
+        ts.pending_all = false;
+        ts.known = Holdings::Shared(new.clone());
+        if resources.is_empty() && removed.is_empty() {
+            return Some(None);
+        }
+        removed.sort_unstable();
+        Some(Some(wire::DeltaDiscoveryResponse {
+            type_url: type_url.to_string(),
+            resources,
+            removed_resources: removed,
+            ..Default::default()
+        }))
     }
 
     /// Nothing to send: the empty response an initial wildcard request is owed (A2), if any.
@@ -1195,5 +1280,171 @@ impl StreamCore for DeltaStream {
     }
     fn view(&self, resources: bool) -> Vec<TypeView> {
         DeltaStream::view(self, resources)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A wildcard-only stream that follows the type's shared content (`follow_shared`) is sent
+    //! exactly what the name-by-name build sends a stream keeping its own record.
+
+    use super::*;
+    use crate::pb::discovery::Resource;
+    use proptest::prelude::*;
+    use prost::Message;
+    use std::collections::BTreeMap;
+
+    const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+
+    fn resource(name: &str, version: u8) -> Bytes {
+        Resource {
+            name: name.into(),
+            version: version.to_string(),
+            resource: Some(prost_types::Any {
+                type_url: CDS.into(),
+                value: vec![version],
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+        .into()
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Upserts (name index, version) and removes names, as one upstream response.
+        Upstream(Vec<(u8, u8)>, Vec<u8>),
+        /// The clients answer their responses: ACK (true) or NACK (false).
+        Answer(bool),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            3 => (
+                proptest::collection::vec((0u8..8, 1u8..4), 0..4),
+                proptest::collection::vec(0u8..8, 0..3)
+            )
+                .prop_map(|(up, rm)| Step::Upstream(up, rm)),
+            2 => any::<bool>().prop_map(Step::Answer),
+            1 => Just(Step::Answer(false)),
+        ]
+    }
+
+    /// (name, version) sent, and names removed, in order.
+    type Seen = (Vec<(String, String)>, Vec<String>);
+
+    fn drain(c: &mut DeltaStream, store: &Store, nonces: &mut Vec<String>) -> Vec<Seen> {
+        let mut seen = Vec::new();
+        while let Some(r) = c.next_response(store) {
+            let sent = r
+                .resources
+                .iter()
+                .map(|b| {
+                    let r = Resource::decode(b.clone()).expect("relay-encoded resource");
+                    (r.name, r.version)
+                })
+                .collect();
+            seen.push((sent, r.removed_resources.clone()));
+            nonces.push(r.nonce);
+        }
+        seen
+    }
+
+    fn answer(c: &mut DeltaStream, nonces: &mut Vec<String>, ack: bool) {
+        for nonce in nonces.drain(..) {
+            c.on_request(&DeltaDiscoveryRequest {
+                type_url: CDS.into(),
+                response_nonce: nonce,
+                error_detail: (!ack).then(|| crate::pb::rpc::Status {
+                    message: "rejected".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .expect("valid answer");
+        }
+    }
+
+    fn held(c: &DeltaStream) -> Vec<(String, String)> {
+        c.held()
+            .map(|(_, l, h)| (l.name.to_string(), h.version().to_string()))
+            .collect()
+    }
+
+    fn is_shared(c: &DeltaStream) -> bool {
+        c.types
+            .get(CDS)
+            .is_some_and(|ts| ts.known.shared().is_some())
+    }
+
+    proptest! {
+        #[test]
+        fn following_the_shared_content_sends_what_the_name_by_name_build_sends(
+            initial in proptest::collection::vec(1u8..4, 8),
+            steps in proptest::collection::vec(step(), 1..24),
+        ) {
+            let mut store = Store::new();
+            let first = (0..8u8)
+                .filter(|i| i % 3 != 0)
+                .map(|i| resource(&format!("c{i}"), initial[usize::from(i)]))
+                .collect();
+            store.apply_delta(CDS, first, vec![], true).expect("valid response");
+            let (mut shared, mut own) = (DeltaStream::new(), DeltaStream::new());
+            let (mut shared_nonces, mut own_nonces) = (Vec::new(), Vec::new());
+            for c in [&mut shared, &mut own] {
+                c.on_request(&DeltaDiscoveryRequest {
+                    type_url: CDS.into(),
+                    ..Default::default()
+                })
+                .expect("wildcard request");
+            }
+            prop_assert_eq!(
+                drain(&mut shared, &store, &mut shared_nonces),
+                drain(&mut own, &store, &mut own_nonces)
+            );
+            prop_assert!(is_shared(&shared), "a joined wildcard-only stream holds the shared content");
+            // The other stream keeps a record of its own, so it takes the name-by-name build.
+            if let Some(ts) = own.types.get_mut(CDS) {
+                ts.known = ts.known.iter().map(|(l, h)| (l.clone(), h.clone())).collect();
+            }
+            let mut nacked = false;
+            for step in steps {
+                match step {
+                    Step::Upstream(up, rm) => {
+                        // One entry per name, as a control plane sends them.
+                        let up: BTreeMap<u8, u8> = up.into_iter().collect();
+                        let resources = up
+                            .iter()
+                            .map(|(i, v)| resource(&format!("c{i}"), *v))
+                            .collect();
+                        let removed = rm
+                            .iter()
+                            .filter(|i| !up.contains_key(i))
+                            .map(|i| format!("c{i}"))
+                            .collect::<BTreeSet<_>>()
+                            .into_iter()
+                            .collect();
+                        let changes = store
+                            .apply_delta(CDS, resources, removed, false)
+                            .expect("valid response");
+                        shared.on_change(&changes);
+                        own.on_change(&changes);
+                    }
+                    Step::Answer(ack) => {
+                        nacked |= !ack && !shared_nonces.is_empty();
+                        answer(&mut shared, &mut shared_nonces, ack);
+                        answer(&mut own, &mut own_nonces, ack);
+                    }
+                }
+                prop_assert_eq!(
+                    drain(&mut shared, &store, &mut shared_nonces),
+                    drain(&mut own, &store, &mut own_nonces)
+                );
+                prop_assert_eq!(held(&shared), held(&own));
+                if !nacked {
+                    prop_assert!(is_shared(&shared), "an update keeps the record shared");
+                }
+            }
+        }
     }
 }

@@ -9,54 +9,10 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::constraints::{ConstraintKey, Params};
+use super::holdings::{Held, Holdings};
 use super::resource::{CachedResource, Locator, Name};
 use super::unacked::Unacked;
 use super::xdstp;
-
-/// What a client holds for one subscription. Kept small (16 bytes): a stream holds one per
-/// resource, and a relay holds thousands of streams.
-#[derive(Debug, Clone)]
-pub enum Held {
-    /// A variant the relay sent; it names the version, the variant key and its constraints.
-    /// Sharing the cached resource costs nothing extra; an outdated one stays alive only until
-    /// this client receives the new version.
-    Sent(Arc<CachedResource>),
-    /// A version the client reported in `initial_resource_versions` (plain name, no variant).
-    Reported(Name),
-}
-
-static UNCONSTRAINED: ConstraintKey = ConstraintKey::UNCONSTRAINED;
-
-impl Held {
-    pub fn version(&self) -> &str {
-        match self {
-            Held::Sent(r) => &r.version,
-            Held::Reported(v) => v,
-        }
-    }
-
-    pub fn key(&self) -> &ConstraintKey {
-        match self {
-            Held::Sent(r) => &r.key,
-            Held::Reported(_) => &UNCONSTRAINED,
-        }
-    }
-
-    /// The variant's constraints, to name it in `removed_resource_names`.
-    pub fn constraints(&self) -> Option<&crate::pb::discovery::DynamicParameterConstraints> {
-        match self {
-            Held::Sent(r) => r.constraints.as_ref(),
-            Held::Reported(_) => None,
-        }
-    }
-
-    pub(super) fn is(&self, r: &Arc<CachedResource>) -> bool {
-        match self {
-            Held::Sent(h) => Arc::ptr_eq(h, r) || (h.version == r.version && h.key == r.key),
-            Held::Reported(v) => **v == *r.version && r.key.is_unconstrained(),
-        }
-    }
-}
 
 /// One type's state on one stream. Held per client per type, so the rarely used sets are
 /// B-trees (24 bytes empty, where a hash set is 48).
@@ -69,7 +25,7 @@ pub(super) struct TypeState {
     /// only through [`TypeState::hold`] / [`TypeState::unhold`] while building a response, so a
     /// NACK can put it back (A23: a client that rejects a version keeps the one before).
     /// Ordered by name, so a name's entries are one range (see [`first_of`]).
-    pub(super) known: BTreeMap<Locator, Held>,
+    pub(super) known: Holdings,
     /// What the responses not yet ACKed changed in `known`.
     pub(super) unacked: Unacked<Locator, Held>,
     /// What a NACKed response gave (`None`: removed) where the client kept its previous version:
@@ -149,7 +105,7 @@ impl TypeState {
         let from = Locator::with_params(l.name.clone(), super::resource::no_params());
         let others: Vec<Locator> = self
             .known
-            .range(from..)
+            .from(&from)
             .take_while(|(k, _)| k.name == l.name)
             .filter(|(k, h)| *k != l && h.constraints().is_some() && h.key() == key)
             .map(|(k, _)| k.clone())
@@ -209,7 +165,7 @@ impl TypeState {
         }
         let first = first_of(name);
         let is_name = |l: Option<&Locator>| l.is_some_and(|l| l.name == *name);
-        is_name(self.known.range(&first..).next().map(|(l, _)| l))
+        is_name(self.known.from(&first).next().map(|(l, _)| l))
             || is_name(self.forced.range(&first..).next())
             || xdstp::collection_of(name).is_some_and(|c| self.explicit.contains_key(c.as_str()))
     }

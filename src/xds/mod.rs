@@ -27,6 +27,7 @@ pub mod delta;
 mod delta_record;
 pub mod frame;
 pub mod group;
+mod holdings;
 pub mod interest;
 pub mod names;
 mod packed;

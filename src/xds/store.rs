@@ -12,9 +12,10 @@ use bytes::Bytes;
 
 use super::constraints::{self, ConstraintKey, Params, Selection};
 use super::frame::FrameCache;
+use super::holdings::DeltaWildcard;
 use super::names::{Hasher, SortedNameMap};
 use super::resource::{canonical_name, CachedResource, Locator, Name, ResourceError};
-use super::wildcard_state::{DeltaWildcard, WildcardStates};
+use super::wildcard_state::WildcardStates;
 use super::xdstp;
 use crate::pb::discovery::{ResourceError as ResourceErrorProto, ResourceName};
 

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use super::constraints::{ConstraintKey, Params};
-use super::resource::{CachedResource, Locator};
+use super::resource::Locator;
 use crate::sync::lock;
 
 /// What a SotW client holds for one subscription: the variant and its version.
@@ -39,17 +39,6 @@ pub struct WildcardState {
     pub version_info: String,
 }
 
-/// One type's whole content for a Delta wildcard-only subscriber that holds nothing of it.
-#[derive(Debug)]
-pub struct DeltaWildcard {
-    /// What the client holds after receiving it, in locator order.
-    pub held: Vec<(Locator, Arc<CachedResource>)>,
-    /// The response's resources, in the same order.
-    pub resources: Vec<Bytes>,
-    /// Their encoded size, against the stream's response size limit.
-    pub bytes: usize,
-}
-
 struct Entry<T> {
     type_url: String,
     wrap: bool,
@@ -63,7 +52,7 @@ struct Entry<T> {
 /// carry many distinct parameter sets gains little from it.
 const MAX_ENTRIES: usize = 32;
 
-/// The shared states (SotW: [`WildcardState`]; Delta: [`DeltaWildcard`]) built since the store
+/// The shared states (SotW: [`WildcardState`]; Delta: `holdings::DeltaWildcard`) built since the store
 /// last changed.
 pub struct WildcardStates<T = WildcardState>(Mutex<Vec<Entry<T>>>);
 
