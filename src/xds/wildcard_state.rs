@@ -12,7 +12,8 @@
 //!
 //! A Delta client joining by wildcard likewise receives every resource of the type: per client that
 //! was a store lookup, a record, an undo entry and a duplicate check per resource; shared, the
-//! stream takes the list and bulk-builds its records from it.
+//! stream takes the list, and holds it as its record while that is exactly what it holds
+//! (`holdings::DeltaWildcard`).
 //!
 //! Kept in the store it was built from, keyed by (type, wrapping, parameters),
 //! and dropped by every change to the store, so an entry is never stale.
