@@ -198,25 +198,37 @@ fn all_held(names: &BTreeSet<Name>, known: &Holdings) -> bool {
 /// build its own: the type is not synced yet, or it holds `do_not_cache` content (refetched per
 /// subscription, D2).
 fn delta_wildcard(store: &Store, type_url: &str, params: &Arc<Params>) -> Option<DeltaWildcard> {
-    let content: Vec<(Locator, &Arc<CachedResource>)> = store
+    let held: Vec<(Locator, Held)> = store
         .wildcard_content(type_url, params)?
         .into_iter()
         // An alias not yet resolved is not the wildcard's (the name-by-name build skips it too).
         .filter(|(l, _)| !store.is_unresolved_alias(type_url, &l.name))
+        .map(|(l, r)| (l, Held::Sent(r.clone())))
         .collect();
-    let resources: Vec<Bytes> = content
-        .iter()
-        .map(|(_, r)| r.delta_bytes(true).clone())
-        .collect();
-    let bytes = resources.iter().map(Bytes::len).sum();
-    Some(DeltaWildcard {
-        held: content
-            .into_iter()
-            .map(|(l, r)| (l, Held::Sent(r.clone())))
-            .collect(),
-        resources,
-        bytes,
-    })
+    let mut shared = DeltaWildcard { held, bytes: 0 };
+    shared.bytes = (0..shared.held.len())
+        .filter_map(|i| shared.resource(i))
+        .map(Bytes::len)
+        .sum();
+    Some(shared)
+}
+
+/// The type's shared wildcard content for `params`, from the store's memo (built by the first
+/// stream to ask since the store changed). `if_room`: `None` rather than start a full memo over.
+fn shared_content(
+    store: &Store,
+    type_url: &str,
+    params: &Arc<Params>,
+    if_room: bool,
+) -> Option<Arc<DeltaWildcard>> {
+    let build = || delta_wildcard(store, type_url, params);
+    let memo = store.delta_wildcards();
+    // `false`: the memo's SotW wrapping flag, which Delta has no use for.
+    if if_room {
+        memo.get_or_build_if_room(type_url, false, params, build)
+    } else {
+        memo.get_or_build(type_url, false, params, build)
+    }
 }
 
 impl DeltaStream {
@@ -609,12 +621,7 @@ impl DeltaStream {
         ts.unacked.seal(ts.last_nonce);
         if !ts.owe_response && ts.only_the_wildcard() {
             if let Some(old) = ts.known.shared().cloned() {
-                let new = store
-                    .delta_wildcards()
-                    .get_or_build(type_url, false, defaults, || {
-                        delta_wildcard(store, type_url, defaults)
-                    });
-                if let Some(new) = new {
+                if let Some(new) = shared_content(store, type_url, defaults, true) {
                     let followed =
                         Self::follow_shared(ts, type_url, store, &old, &new, authoritative, budget);
                     if let Some(response) = followed {
@@ -632,14 +639,7 @@ impl DeltaStream {
             // nothing gets all of it (unless over the size limit, which the loop below splits);
             // one that reported exactly that content is due nothing but what A2 owes.
             if ts.only_the_wildcard() {
-                // `false`: the memo's SotW wrapping flag, which Delta has no use for.
-                let shared =
-                    store
-                        .delta_wildcards()
-                        .get_or_build(type_url, false, defaults, || {
-                            delta_wildcard(store, type_url, defaults)
-                        });
-                if let Some(shared) = shared {
+                if let Some(shared) = shared_content(store, type_url, defaults, false) {
                     if ts.known.is_empty() && candidates.is_empty() && shared.bytes <= budget {
                         return Self::respond_with_shared(ts, type_url, &shared, synced);
                     }
@@ -869,13 +869,13 @@ impl DeltaStream {
             ts.unacked.record(l, None, ts.last_nonce);
         }
         ts.known = Holdings::Shared(shared.clone());
-        if shared.resources.is_empty() {
+        if shared.held.is_empty() {
             return Self::answer_owed(ts, type_url, synced);
         }
         ts.owe_response = false;
         Some(wire::DeltaDiscoveryResponse {
             type_url: type_url.to_string(),
-            resources: shared.resources.clone(),
+            resources: shared.resources(),
             ..Default::default()
         })
     }
@@ -931,9 +931,9 @@ impl DeltaStream {
                     (Some(b), Held::Sent(r)) => b.is(r),
                     _ => false,
                 };
-                if !same {
-                    bytes += new.resources[i].len();
-                    resources.push(new.resources[i].clone());
+                if let (false, Some(resource)) = (same, new.resource(i)) {
+                    bytes += resource.len();
+                    resources.push(resource.clone());
                     undo.push((l, before));
                 }
             }
@@ -1284,167 +1284,4 @@ impl StreamCore for DeltaStream {
 }
 
 #[cfg(test)]
-mod tests {
-    //! A wildcard-only stream that follows the type's shared content (`follow_shared`) is sent
-    //! exactly what the name-by-name build sends a stream keeping its own record.
-
-    use super::*;
-    use crate::pb::discovery::Resource;
-    use proptest::prelude::*;
-    use prost::Message;
-    use std::collections::BTreeMap;
-
-    const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
-
-    fn resource(name: &str, version: u8) -> Bytes {
-        Resource {
-            name: name.into(),
-            version: version.to_string(),
-            resource: Some(prost_types::Any {
-                type_url: CDS.into(),
-                value: vec![version],
-            }),
-            ..Default::default()
-        }
-        .encode_to_vec()
-        .into()
-    }
-
-    #[derive(Debug, Clone)]
-    enum Step {
-        /// Upserts (name index, version) and removes names, as one upstream response.
-        Upstream(Vec<(u8, u8)>, Vec<u8>),
-        /// The clients answer their responses: ACK (true) or NACK (false).
-        Answer(bool),
-    }
-
-    fn step() -> impl Strategy<Value = Step> {
-        prop_oneof![
-            3 => (
-                proptest::collection::vec((0u8..8, 1u8..4), 0..4),
-                proptest::collection::vec(0u8..8, 0..3)
-            )
-                .prop_map(|(up, rm)| Step::Upstream(up, rm)),
-            2 => any::<bool>().prop_map(Step::Answer),
-            1 => Just(Step::Answer(false)),
-        ]
-    }
-
-    /// (name, version) sent, and names removed, in order.
-    type Seen = (Vec<(String, String)>, Vec<String>);
-
-    fn drain(c: &mut DeltaStream, store: &Store, nonces: &mut Vec<String>) -> Vec<Seen> {
-        let mut seen = Vec::new();
-        while let Some(r) = c.next_response(store) {
-            let sent = r
-                .resources
-                .iter()
-                .map(|b| {
-                    let r = Resource::decode(b.clone()).expect("relay-encoded resource");
-                    (r.name, r.version)
-                })
-                .collect();
-            seen.push((sent, r.removed_resources.clone()));
-            nonces.push(r.nonce);
-        }
-        seen
-    }
-
-    fn answer(c: &mut DeltaStream, nonces: &mut Vec<String>, ack: bool) {
-        for nonce in nonces.drain(..) {
-            c.on_request(&DeltaDiscoveryRequest {
-                type_url: CDS.into(),
-                response_nonce: nonce,
-                error_detail: (!ack).then(|| crate::pb::rpc::Status {
-                    message: "rejected".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .expect("valid answer");
-        }
-    }
-
-    fn held(c: &DeltaStream) -> Vec<(String, String)> {
-        c.held()
-            .map(|(_, l, h)| (l.name.to_string(), h.version().to_string()))
-            .collect()
-    }
-
-    fn is_shared(c: &DeltaStream) -> bool {
-        c.types
-            .get(CDS)
-            .is_some_and(|ts| ts.known.shared().is_some())
-    }
-
-    proptest! {
-        #[test]
-        fn following_the_shared_content_sends_what_the_name_by_name_build_sends(
-            initial in proptest::collection::vec(1u8..4, 8),
-            steps in proptest::collection::vec(step(), 1..24),
-        ) {
-            let mut store = Store::new();
-            let first = (0..8u8)
-                .filter(|i| i % 3 != 0)
-                .map(|i| resource(&format!("c{i}"), initial[usize::from(i)]))
-                .collect();
-            store.apply_delta(CDS, first, vec![], true).expect("valid response");
-            let (mut shared, mut own) = (DeltaStream::new(), DeltaStream::new());
-            let (mut shared_nonces, mut own_nonces) = (Vec::new(), Vec::new());
-            for c in [&mut shared, &mut own] {
-                c.on_request(&DeltaDiscoveryRequest {
-                    type_url: CDS.into(),
-                    ..Default::default()
-                })
-                .expect("wildcard request");
-            }
-            prop_assert_eq!(
-                drain(&mut shared, &store, &mut shared_nonces),
-                drain(&mut own, &store, &mut own_nonces)
-            );
-            prop_assert!(is_shared(&shared), "a joined wildcard-only stream holds the shared content");
-            // The other stream keeps a record of its own, so it takes the name-by-name build.
-            if let Some(ts) = own.types.get_mut(CDS) {
-                ts.known = ts.known.iter().map(|(l, h)| (l.clone(), h.clone())).collect();
-            }
-            let mut nacked = false;
-            for step in steps {
-                match step {
-                    Step::Upstream(up, rm) => {
-                        // One entry per name, as a control plane sends them.
-                        let up: BTreeMap<u8, u8> = up.into_iter().collect();
-                        let resources = up
-                            .iter()
-                            .map(|(i, v)| resource(&format!("c{i}"), *v))
-                            .collect();
-                        let removed = rm
-                            .iter()
-                            .filter(|i| !up.contains_key(i))
-                            .map(|i| format!("c{i}"))
-                            .collect::<BTreeSet<_>>()
-                            .into_iter()
-                            .collect();
-                        let changes = store
-                            .apply_delta(CDS, resources, removed, false)
-                            .expect("valid response");
-                        shared.on_change(&changes);
-                        own.on_change(&changes);
-                    }
-                    Step::Answer(ack) => {
-                        nacked |= !ack && !shared_nonces.is_empty();
-                        answer(&mut shared, &mut shared_nonces, ack);
-                        answer(&mut own, &mut own_nonces, ack);
-                    }
-                }
-                prop_assert_eq!(
-                    drain(&mut shared, &store, &mut shared_nonces),
-                    drain(&mut own, &store, &mut own_nonces)
-                );
-                prop_assert_eq!(held(&shared), held(&own));
-                if !nacked {
-                    prop_assert!(is_shared(&shared), "an update keeps the record shared");
-                }
-            }
-        }
-    }
-}
+mod tests;

@@ -68,15 +68,30 @@ impl Held {
 /// shared by every such stream of the group (see `wildcard_state`).
 #[derive(Debug)]
 pub struct DeltaWildcard {
-    /// What the client holds after receiving it, in locator order.
+    /// What the client holds after receiving it, in locator order. Every entry is `Sent`.
+    /// Nothing else is kept: where a group's clients carry more parameter sets than the memo
+    /// keeps, streams may each hold their own copy, which must cost no more than a record.
     pub held: Vec<(Locator, Held)>,
-    /// The resources' wire bytes, in the same order.
-    pub resources: Vec<Bytes>,
-    /// Their encoded size, against the stream's response size limit.
+    /// The encoded size of its resources, against the stream's response size limit.
     pub bytes: usize,
 }
 
 impl DeltaWildcard {
+    /// The wire bytes of the resource at `i`.
+    pub fn resource(&self, i: usize) -> Option<&Bytes> {
+        match &self.held.get(i)?.1 {
+            Held::Sent(r) => Some(r.delta_bytes(true)),
+            Held::Reported(_) => None,
+        }
+    }
+
+    /// The wire bytes of every resource, in order.
+    pub fn resources(&self) -> Vec<Bytes> {
+        (0..self.held.len())
+            .filter_map(|i| self.resource(i).cloned())
+            .collect()
+    }
+
     /// The index of the first entry at or after `from`.
     fn start(&self, from: &Locator) -> usize {
         self.held.partition_point(|(l, _)| l < from)
@@ -247,11 +262,7 @@ mod tests {
 
     fn shared(entries: &[(&str, &str)]) -> Arc<DeltaWildcard> {
         let held: Vec<_> = entries.iter().map(|(n, v)| sent(n, v)).collect();
-        Arc::new(DeltaWildcard {
-            resources: held.iter().map(|_| Bytes::new()).collect(),
-            held,
-            bytes: 0,
-        })
+        Arc::new(DeltaWildcard { held, bytes: 0 })
     }
 
     #[test]

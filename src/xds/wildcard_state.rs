@@ -82,6 +82,30 @@ impl<T> WildcardStates<T> {
         params: &Arc<Params>,
         build: impl FnOnce() -> Option<T>,
     ) -> Option<Arc<T>> {
+        self.lookup(type_url, wrap, params, true, build)
+    }
+
+    /// [`Self::get_or_build`], but `None` rather than starting the memo over when it is full: for
+    /// a caller that can do without (a Delta update), so a group with more parameter sets than
+    /// the memo keeps does not rebuild a type's whole content per stream.
+    pub fn get_or_build_if_room(
+        &self,
+        type_url: &str,
+        wrap: bool,
+        params: &Arc<Params>,
+        build: impl FnOnce() -> Option<T>,
+    ) -> Option<Arc<T>> {
+        self.lookup(type_url, wrap, params, false, build)
+    }
+
+    fn lookup(
+        &self,
+        type_url: &str,
+        wrap: bool,
+        params: &Arc<Params>,
+        start_over: bool,
+        build: impl FnOnce() -> Option<T>,
+    ) -> Option<Arc<T>> {
         let mut entries = lock(&self.0);
         let found = entries.iter().find(|e| {
             e.wrap == wrap
@@ -92,6 +116,9 @@ impl<T> WildcardStates<T> {
             return e.state.clone();
         }
         if entries.len() >= MAX_ENTRIES {
+            if !start_over {
+                return None;
+            }
             entries.clear();
         }
         let state = build().map(Arc::new);
@@ -148,5 +175,36 @@ mod tests {
         states.clear();
         let s = states.get_or_build("t", false, &params, || Some(state("2")));
         assert_eq!(s.map(|s| s.version_info.clone()).as_deref(), Some("2"));
+    }
+
+    #[test]
+    fn a_full_memo_is_kept_for_callers_that_can_do_without() {
+        let states = WildcardStates::default();
+        let types: Vec<String> = (0..=MAX_ENTRIES).map(|i| format!("t{i}")).collect();
+        let params = Arc::new(Params::new());
+        for t in &types[..MAX_ENTRIES] {
+            assert!(states
+                .get_or_build(t, false, &params, || Some(state("1")))
+                .is_some());
+        }
+        let last = &types[MAX_ENTRIES];
+        let mut built = false;
+        let s = states.get_or_build_if_room(last, false, &params, || {
+            built = true;
+            Some(state("1"))
+        });
+        assert!(
+            s.is_none() && !built,
+            "no room: no build, and the memo stays"
+        );
+        assert!(
+            states
+                .get_or_build_if_room(&types[0], false, &params, || None)
+                .is_some(),
+            "what the memo holds is still served"
+        );
+        assert!(states
+            .get_or_build(last, false, &params, || Some(state("1")))
+            .is_some());
     }
 }
