@@ -950,7 +950,9 @@ impl DeltaStream {
         if resources.is_empty() && removed.is_empty() {
             return Some(None);
         }
+        // As a set, like the name-by-name build's: an alias and its name remove one resource.
         removed.sort_unstable();
+        removed.dedup();
         Some(Some(wire::DeltaDiscoveryResponse {
             type_url: type_url.to_string(),
             resources,
