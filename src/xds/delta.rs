@@ -31,6 +31,7 @@ use super::packed;
 use super::per_type::PerType;
 use super::resource::{canonical_name, CachedResource, Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
+use super::wildcard_state::WhenFull;
 use super::xdstp;
 use crate::pb::discovery::{
     DeltaDiscoveryRequest, DynamicParameterConstraints, ResourceError, ResourceName,
@@ -198,37 +199,26 @@ fn all_held(names: &BTreeSet<Name>, known: &Holdings) -> bool {
 /// build its own: the type is not synced yet, or it holds `do_not_cache` content (refetched per
 /// subscription, D2).
 fn delta_wildcard(store: &Store, type_url: &str, params: &Arc<Params>) -> Option<DeltaWildcard> {
-    let held: Vec<(Locator, Held)> = store
-        .wildcard_content(type_url, params)?
-        .into_iter()
-        // An alias not yet resolved is not the wildcard's (the name-by-name build skips it too).
-        .filter(|(l, _)| !store.is_unresolved_alias(type_url, &l.name))
-        .map(|(l, r)| (l, Held::Sent(r.clone())))
-        .collect();
-    let mut shared = DeltaWildcard { held, bytes: 0 };
-    shared.bytes = (0..shared.held.len())
-        .filter_map(|i| shared.resource(i))
-        .map(Bytes::len)
-        .sum();
-    Some(shared)
+    let content = store.wildcard_content(type_url, params)?;
+    // An alias not yet resolved is not the wildcard's (the name-by-name build skips it too).
+    let resolved = |(l, _): &(Locator, _)| !store.is_unresolved_alias(type_url, &l.name);
+    Some(DeltaWildcard::new(content.into_iter().filter(resolved)))
 }
 
 /// The type's shared wildcard content for `params`, from the store's memo (built by the first
-/// stream to ask since the store changed). `if_room`: `None` rather than start a full memo over.
+/// stream to ask since the store changed).
 fn shared_content(
     store: &Store,
     type_url: &str,
     params: &Arc<Params>,
-    if_room: bool,
+    when_full: WhenFull,
 ) -> Option<Arc<DeltaWildcard>> {
-    let build = || delta_wildcard(store, type_url, params);
-    let memo = store.delta_wildcards();
     // `false`: the memo's SotW wrapping flag, which Delta has no use for.
-    if if_room {
-        memo.get_or_build_if_room(type_url, false, params, build)
-    } else {
-        memo.get_or_build(type_url, false, params, build)
-    }
+    store
+        .delta_wildcards()
+        .get_or_build(type_url, false, params, when_full, || {
+            delta_wildcard(store, type_url, params)
+        })
 }
 
 impl DeltaStream {
@@ -619,13 +609,15 @@ impl DeltaStream {
         let ts = self.types.get_mut(type_url)?;
         // Changes staged by an earlier build belong to its response (or to none).
         ts.unacked.seal(ts.last_nonce);
-        if !ts.owe_response && ts.only_the_wildcard() {
-            if let Some(old) = ts.known.shared().cloned() {
-                if let Some(new) = shared_content(store, type_url, defaults, true) {
-                    let followed =
-                        Self::follow_shared(ts, type_url, store, &old, &new, authoritative, budget);
-                    if let Some(response) = followed {
-                        return response;
+        if !ts.owe_response && ts.only_the_wildcard() && ts.known.shared().is_some() {
+            if let Some(new) = shared_content(store, type_url, defaults, WhenFull::GiveUp) {
+                // Taken, not cloned: every stream of a fan-out holds this one `Arc`, and a count
+                // taken and dropped per stream moves its cache line between the cores.
+                if let Some(old) = ts.known.take_shared() {
+                    match Self::follow_shared(ts, type_url, store, &old, new, authoritative, budget)
+                    {
+                        Some(response) => return response,
+                        None => ts.known = Holdings::Shared(old),
                     }
                 }
             }
@@ -639,7 +631,8 @@ impl DeltaStream {
             // nothing gets all of it (unless over the size limit, which the loop below splits);
             // one that reported exactly that content is due nothing but what A2 owes.
             if ts.only_the_wildcard() {
-                if let Some(shared) = shared_content(store, type_url, defaults, false) {
+                if let Some(shared) = shared_content(store, type_url, defaults, WhenFull::StartOver)
+                {
                     if ts.known.is_empty() && candidates.is_empty() && shared.bytes <= budget {
                         return Self::respond_with_shared(ts, type_url, &shared, synced);
                     }
@@ -890,7 +883,7 @@ impl DeltaStream {
         type_url: &str,
         store: &Store,
         old: &Arc<DeltaWildcard>,
-        new: &Arc<DeltaWildcard>,
+        new: Arc<DeltaWildcard>,
         authoritative: bool,
         budget: usize,
     ) -> Option<Option<wire::DeltaDiscoveryResponse>> {
@@ -899,13 +892,12 @@ impl DeltaStream {
         let mut removed = Vec::new();
         // What changed, with what the client held before (for a NACK to put back).
         let mut undo: Vec<(&Locator, Option<&Held>)> = Vec::new();
-        if !Arc::ptr_eq(old, new) {
-            let (mut was, mut now) = (old.held.iter().peekable(), new.held.iter().enumerate());
-            let mut next_now = now.next();
+        if !Arc::ptr_eq(old, &new) {
+            let (mut was, mut now) = (old.held.iter().peekable(), new.held.iter().peekable());
             loop {
-                let gone = match (was.peek(), next_now) {
+                let gone = match (was.peek(), now.peek()) {
                     (None, None) => break,
-                    (Some((lw, _)), Some((_, (ln, _)))) => lw < ln,
+                    (Some((lw, _)), Some((ln, _))) => lw < ln,
                     (Some(_), None) => true,
                     (None, Some(_)) => false,
                 };
@@ -922,16 +914,15 @@ impl DeltaStream {
                     undo.push((l, Some(held)));
                     continue;
                 }
-                let Some((i, (l, now_held))) = next_now else {
+                let Some((l, now_held)) = now.next() else {
                     break;
                 };
-                next_now = now.next();
                 let before = was.next_if(|(lw, _)| lw == l).map(|(_, h)| h);
                 let same = match (before, now_held) {
                     (Some(b), Held::Sent(r)) => b.is(r),
                     _ => false,
                 };
-                if let (false, Some(resource)) = (same, new.resource(i)) {
+                if let (false, Some(resource)) = (same, DeltaWildcard::wire_bytes(now_held)) {
                     bytes += resource.len();
                     resources.push(resource.clone());
                     undo.push((l, before));
@@ -946,7 +937,7 @@ impl DeltaStream {
         }
         ts.pending.clear();
         ts.pending_all = false;
-        ts.known = Holdings::Shared(new.clone());
+        ts.known = Holdings::Shared(new);
         if resources.is_empty() && removed.is_empty() {
             return Some(None);
         }

@@ -68,8 +68,8 @@ impl Held {
 /// shared by every such stream of the group (see `wildcard_state`).
 #[derive(Debug)]
 pub struct DeltaWildcard {
-    /// What the client holds after receiving it, in locator order. Every entry is `Sent`.
-    /// Nothing else is kept: where a group's clients carry more parameter sets than the memo
+    /// What the client holds after receiving it, in locator order; every entry is `Sent`
+    /// ([`DeltaWildcard::new`]). Nothing else is kept: where a group's clients carry more parameter sets than the memo
     /// keeps, streams may each hold their own copy, which must cost no more than a record.
     pub held: Vec<(Locator, Held)>,
     /// The encoded size of its resources, against the stream's response size limit.
@@ -77,9 +77,24 @@ pub struct DeltaWildcard {
 }
 
 impl DeltaWildcard {
-    /// The wire bytes of the resource at `i`.
-    pub fn resource(&self, i: usize) -> Option<&Bytes> {
-        match &self.held.get(i)?.1 {
+    /// The shared content of `content` (in locator order), as wildcard subscribers receive it.
+    pub fn new<'a>(content: impl IntoIterator<Item = (Locator, &'a Arc<CachedResource>)>) -> Self {
+        let held: Vec<(Locator, Held)> = content
+            .into_iter()
+            .map(|(l, r)| (l, Held::Sent(r.clone())))
+            .collect();
+        let bytes = held
+            .iter()
+            .filter_map(|(_, h)| Self::wire_bytes(h))
+            .map(Bytes::len)
+            .sum();
+        DeltaWildcard { held, bytes }
+    }
+
+    /// The bytes a wildcard subscriber (by plain name) received for `held`: every entry of a
+    /// shared content is `Sent`.
+    pub fn wire_bytes(held: &Held) -> Option<&Bytes> {
+        match held {
             Held::Sent(r) => Some(r.delta_bytes(true)),
             Held::Reported(_) => None,
         }
@@ -87,8 +102,9 @@ impl DeltaWildcard {
 
     /// The wire bytes of every resource, in order.
     pub fn resources(&self) -> Vec<Bytes> {
-        (0..self.held.len())
-            .filter_map(|i| self.resource(i).cloned())
+        self.held
+            .iter()
+            .filter_map(|(_, h)| Self::wire_bytes(h).cloned())
             .collect()
     }
 
@@ -189,6 +205,17 @@ impl Holdings {
         }
     }
 
+    /// Takes the shared content out (leaving an empty record), if that is what this holds.
+    pub(super) fn take_shared(&mut self) -> Option<Arc<DeltaWildcard>> {
+        match std::mem::take(self) {
+            Holdings::Shared(s) => Some(s),
+            own => {
+                *self = own;
+                None
+            }
+        }
+    }
+
     /// The stream's own record, copied out of the shared content first if need be (in order, so
     /// with full nodes).
     fn own(&mut self) -> &mut BTreeMap<Locator, Held> {
@@ -205,15 +232,17 @@ impl Holdings {
         self.own().insert(l, held)
     }
 
+    /// Removing what is not held leaves shared content shared.
     pub(super) fn remove(&mut self, l: &Locator) -> Option<Held> {
-        if !self.contains_key(l) {
+        if matches!(self, Holdings::Shared(_)) && !self.contains_key(l) {
             return None;
         }
         self.own().remove(l)
     }
 
+    /// Keeping everything leaves shared content shared.
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&Locator) -> bool) {
-        if self.keys().all(&mut keep) {
+        if matches!(self, Holdings::Shared(_)) && self.keys().all(&mut keep) {
             return;
         }
         self.own().retain(|l, _| keep(l));

@@ -25,7 +25,7 @@ use super::per_type::PerType;
 use super::resource::{Locator, Name};
 use super::store::{ChangeSet, Lookup, Store};
 use super::unacked::Unacked;
-use super::wildcard_state::{Held, WildcardState};
+use super::wildcard_state::{Held, WhenFull, WildcardState};
 use crate::pb::core::Node;
 use crate::pb::discovery::DiscoveryRequest;
 use crate::pb::wire;
@@ -401,11 +401,13 @@ impl SotwStream {
         // The common case, a wildcard-only subscriber of a full-state type: the response every
         // such stream gets is built once per store change (see `wildcard_state`).
         if ts.wildcard && ts.subs.is_empty() && ts.rejected.is_empty() && is_full_state(type_url) {
-            let shared = store
-                .wildcard_states()
-                .get_or_build(type_url, wrap, defaults, || {
-                    wildcard_state(store, type_url, wrap, defaults)
-                });
+            let shared = store.wildcard_states().get_or_build(
+                type_url,
+                wrap,
+                defaults,
+                WhenFull::StartOver,
+                || wildcard_state(store, type_url, wrap, defaults),
+            );
             if let Some(shared) = shared {
                 return Self::respond_with_shared(ts, type_url, &shared, sent_before);
             }

@@ -53,8 +53,19 @@ struct Entry<T> {
 /// carry many distinct parameter sets gains little from it.
 const MAX_ENTRIES: usize = 32;
 
-/// The shared states (SotW: [`WildcardState`]; Delta: `holdings::DeltaWildcard`) built since the store
-/// last changed.
+/// What [`WildcardStates::get_or_build`] does with a new key when the memo is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Forget every entry and build this one: for a caller that needs the state (a join).
+    StartOver,
+    /// Build nothing and return `None`: for a caller that can do without (a Delta update), so
+    /// a group with more parameter sets than the memo keeps does not rebuild a type's whole
+    /// content per stream.
+    GiveUp,
+}
+
+/// The shared states (SotW: [`WildcardState`]; Delta: `holdings::DeltaWildcard`) built since
+/// the store last changed.
 pub struct WildcardStates<T = WildcardState>(Mutex<Vec<Entry<T>>>);
 
 impl<T> Default for WildcardStates<T> {
@@ -74,36 +85,14 @@ impl<T> std::fmt::Debug for WildcardStates<T> {
 impl<T> WildcardStates<T> {
     /// The shared state for (type, wrapping, parameters), built by `build` the first time it is
     /// asked for since the store changed. Building under the lock: streams woken by one change
-    /// wait for the first build rather than repeat it.
+    /// wait for the first build rather than repeat it. `when_full`: what to do when the key is
+    /// new and the memo holds [`MAX_ENTRIES`] already.
     pub fn get_or_build(
         &self,
         type_url: &str,
         wrap: bool,
         params: &Arc<Params>,
-        build: impl FnOnce() -> Option<T>,
-    ) -> Option<Arc<T>> {
-        self.lookup(type_url, wrap, params, true, build)
-    }
-
-    /// [`Self::get_or_build`], but `None` rather than starting the memo over when it is full: for
-    /// a caller that can do without (a Delta update), so a group with more parameter sets than
-    /// the memo keeps does not rebuild a type's whole content per stream.
-    pub fn get_or_build_if_room(
-        &self,
-        type_url: &str,
-        wrap: bool,
-        params: &Arc<Params>,
-        build: impl FnOnce() -> Option<T>,
-    ) -> Option<Arc<T>> {
-        self.lookup(type_url, wrap, params, false, build)
-    }
-
-    fn lookup(
-        &self,
-        type_url: &str,
-        wrap: bool,
-        params: &Arc<Params>,
-        start_over: bool,
+        when_full: WhenFull,
         build: impl FnOnce() -> Option<T>,
     ) -> Option<Arc<T>> {
         let mut entries = lock(&self.0);
@@ -116,10 +105,10 @@ impl<T> WildcardStates<T> {
             return e.state.clone();
         }
         if entries.len() >= MAX_ENTRIES {
-            if !start_over {
-                return None;
+            match when_full {
+                WhenFull::StartOver => entries.clear(),
+                WhenFull::GiveUp => return None,
             }
-            entries.clear();
         }
         let state = build().map(Arc::new);
         entries.push(Entry {
@@ -158,7 +147,7 @@ mod tests {
         let params = Arc::new(Params::new());
         let mut builds = 0;
         for _ in 0..3 {
-            let s = states.get_or_build("t", false, &params, || {
+            let s = states.get_or_build("t", false, &params, WhenFull::StartOver, || {
                 builds += 1;
                 Some(state("1"))
             });
@@ -170,10 +159,16 @@ mod tests {
         );
         // Equal parameters in another allocation share the entry; other keys do not.
         let same = Arc::new(Params::new());
-        assert!(states.get_or_build("t", false, &same, || None).is_some());
-        assert!(states.get_or_build("t", true, &params, || None).is_none());
+        assert!(states
+            .get_or_build("t", false, &same, WhenFull::StartOver, || None)
+            .is_some());
+        assert!(states
+            .get_or_build("t", true, &params, WhenFull::StartOver, || None)
+            .is_none());
         states.clear();
-        let s = states.get_or_build("t", false, &params, || Some(state("2")));
+        let s = states.get_or_build("t", false, &params, WhenFull::StartOver, || {
+            Some(state("2"))
+        });
         assert_eq!(s.map(|s| s.version_info.clone()).as_deref(), Some("2"));
     }
 
@@ -184,12 +179,12 @@ mod tests {
         let params = Arc::new(Params::new());
         for t in &types[..MAX_ENTRIES] {
             assert!(states
-                .get_or_build(t, false, &params, || Some(state("1")))
+                .get_or_build(t, false, &params, WhenFull::StartOver, || Some(state("1")))
                 .is_some());
         }
         let last = &types[MAX_ENTRIES];
         let mut built = false;
-        let s = states.get_or_build_if_room(last, false, &params, || {
+        let s = states.get_or_build(last, false, &params, WhenFull::GiveUp, || {
             built = true;
             Some(state("1"))
         });
@@ -199,12 +194,14 @@ mod tests {
         );
         assert!(
             states
-                .get_or_build_if_room(&types[0], false, &params, || None)
+                .get_or_build(&types[0], false, &params, WhenFull::GiveUp, || None)
                 .is_some(),
             "what the memo holds is still served"
         );
         assert!(states
-            .get_or_build(last, false, &params, || Some(state("1")))
+            .get_or_build(last, false, &params, WhenFull::StartOver, || Some(state(
+                "1"
+            )))
             .is_some());
     }
 }
